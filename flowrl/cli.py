@@ -1,0 +1,68 @@
+"""``python -m flowrl {fit,validate,test,predict}``: LightningCLI with omegaconf interpolation.
+
+``parser_mode="omegaconf+"`` resolves interpolations after command-line overrides are applied (plain
+``omegaconf`` resolves them per file and then ignores an override of a referenced key); absolute interpolation
+paths are made relative so ``${data.group_size}`` works from inside a nested class's ``init_args``.
+Cross-component problems are collected and raised together before any class (and so any weight) is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Optional
+
+from jsonargparse import set_parsing_settings
+from lightning.pytorch.cli import LightningCLI
+
+from flowrl.data import PromptDataModule
+from flowrl.methods.grpo_loop import GRPOLoop
+
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "use_distributed_sampler": False,  # the group sampler already splits batches over ranks
+    "log_every_n_steps": 1,
+}
+
+
+def _class(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _as_dict(node: Any) -> dict:
+    return node.as_dict() if hasattr(node, "as_dict") else dict(node or {})
+
+
+def config_problems(config: Any) -> list[str]:
+    """Problems that span components of a parsed (not yet instantiated) ``fit`` config."""
+    from flowrl.rewards.base import RewardCallback
+
+    problems = []
+    callbacks = config.get("trainer", {}).get("callbacks") or []
+    rewards = [c for c in callbacks if isinstance(c, dict) or hasattr(c, "class_path")]
+    reward_paths = [c["class_path"] for c in map(_as_dict, rewards)
+                    if issubclass(_class(c["class_path"]), RewardCallback)]
+    if not reward_paths:
+        problems.append("trainer.callbacks has no reward callback; add one, e.g. "
+                        "`- class_path: flowrl.rewards.DigitAlignment`")
+    if config.get("trainer", {}).get("use_distributed_sampler"):
+        problems.append("trainer.use_distributed_sampler=true would re-split the GRPO groups; set it to false")
+    return problems
+
+
+class FlowRLCLI(LightningCLI):
+    """The flowrl command line; see ``python -m flowrl fit --help``."""
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        if self.subcommand != "fit":
+            return
+        if problems := config_problems(config):
+            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def main(args: Optional[list[str]] = None) -> None:
+    set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
+    FlowRLCLI(GRPOLoop, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
+              parser_kwargs={"parser_mode": "omegaconf+"}, save_config_kwargs={"overwrite": True},
+              args=args if args is not None else sys.argv[1:])

@@ -1,0 +1,190 @@
+"""Prompt data and the group sampler that spreads GRPO groups over ranks.
+
+Each training batch holds ``num_groups`` prompts, each repeated ``group_size`` times across the *global* batch.
+Group ids are global integers from the sampler (``batch counter * num_groups + g``), never hashes of prompt text,
+and every sample carries its own seed. A batch is a pure function of ``(seed, epoch, index, rank, world_size)``,
+which is what makes resuming exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import torch
+from lightning.pytorch import LightningDataModule
+
+
+def load_prompts(source: Union[str, list[str]]) -> list[str]:
+    """Prompts from an inline list, a ``.txt`` file (one per line) or a ``.jsonl`` file (``{"prompt": ...}``)."""
+    if isinstance(source, (list, tuple)):
+        prompts = [str(p) for p in source]
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"prompt file {source!r} does not exist; give a .txt/.jsonl path or a list")
+        lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        if path.suffix == ".jsonl":
+            prompts = [json.loads(line)["prompt"] for line in lines]
+        elif path.suffix == ".txt":
+            prompts = lines
+        else:
+            raise ValueError(f"prompt file {source!r}: unsupported suffix {path.suffix!r}; use .txt or .jsonl")
+    if not prompts:
+        raise ValueError(f"no prompts found in {source!r}; a training run needs at least one prompt")
+    return prompts
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """Batch geometry: ``num_groups`` prompts x ``group_size`` samples per global batch over ``world_size`` ranks.
+    ``spread``: shuffle the global batch before splitting it over ranks (as Flow-GRPO), else whole groups stay on
+    one rank."""
+
+    num_prompts: int
+    num_groups: int
+    group_size: int
+    world_size: int = 1
+    spread: bool = True
+    seed: int = 0
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.group_size < 2:
+            out.append(f"data.group_size={self.group_size}: group advantages need at least 2 samples per prompt")
+        if self.num_groups < 1:
+            out.append(f"data.num_groups={self.num_groups}: need at least one prompt per batch")
+        total = self.num_groups * self.group_size
+        if self.spread and total % self.world_size:
+            out.append(f"num_groups*group_size={total} is not divisible by the {self.world_size} ranks; "
+                       "change data.num_groups or data.group_size")
+        if not self.spread and self.num_groups % self.world_size:
+            out.append(f"data.num_groups={self.num_groups} is not divisible by the {self.world_size} ranks "
+                       "(data.spread_groups=false keeps whole groups on a rank)")
+        return out
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return math.ceil(self.num_prompts / self.num_groups)
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.num_groups * self.group_size // self.world_size
+
+
+def group_batch(layout: GroupLayout, epoch: int, index: int, rank: int) -> dict[str, torch.Tensor]:
+    """The rows of batch ``index`` of ``epoch`` that belong to ``rank``.
+
+    Returns:
+        ``prompt_ids``, ``group_ids``, ``seeds``: ``[local_batch_size]`` long.
+
+    >>> lay = GroupLayout(num_prompts=3, num_groups=2, group_size=2, world_size=2, spread=False)
+    >>> group_batch(lay, 0, 0, rank=1)["group_ids"].tolist()
+    [1, 1]
+    """
+    gen = torch.Generator().manual_seed(layout.seed * 1_000_003 + epoch)
+    order = torch.randperm(layout.num_prompts, generator=gen)
+    counter = epoch * layout.batches_per_epoch + index
+    picks = torch.arange(index * layout.num_groups, (index + 1) * layout.num_groups) % layout.num_prompts
+    prompt_ids = order[picks].repeat_interleave(layout.group_size)  # [G * n]
+    group_ids = (counter * layout.num_groups + torch.arange(layout.num_groups)).repeat_interleave(layout.group_size)
+    total = prompt_ids.numel()
+    seeds = layout.seed * 1_000_003 + 7_919 * (counter * total + torch.arange(total))
+    if layout.spread:
+        perm = torch.randperm(total, generator=torch.Generator().manual_seed(layout.seed + 31 * counter + 1))
+        prompt_ids, group_ids, seeds = prompt_ids[perm], group_ids[perm], seeds[perm]
+    n = layout.local_batch_size
+    part = slice(rank * n, (rank + 1) * n)
+    return {"prompt_ids": prompt_ids[part], "group_ids": group_ids[part], "seeds": seeds[part]}
+
+
+class EpochSampler:
+    """Holds the epoch; Lightning calls ``set_epoch`` on a loader's ``sampler`` at every epoch start."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+class GroupBatchLoader:
+    """An iterable of per-rank batch dicts (``prompts``, ``prompt_ids``, ``group_ids``, ``seeds``) with
+    ``state_dict``/``load_state_dict`` so Lightning resumes it mid-epoch.
+
+    The position saved is the number of batches the training step *consumed*: Lightning's fetcher reads one batch
+    ahead, so mid-epoch that is one less than the batches handed out.
+    """
+
+    def __init__(self, prompts: list[str], layout: GroupLayout, rank: int):
+        self.prompts, self.layout, self.rank = prompts, layout, rank
+        self.sampler = EpochSampler()
+        self._handed_out, self._exhausted, self._resume_at = 0, False, 0
+
+    def __len__(self) -> int:
+        return self.layout.batches_per_epoch
+
+    def __iter__(self) -> Iterator[dict]:
+        start, self._resume_at = self._resume_at, 0
+        self._handed_out, self._exhausted = start, False
+        for index in range(start, len(self)):
+            batch = group_batch(self.layout, self.sampler.epoch, index, self.rank)
+            batch["prompts"] = [self.prompts[i] for i in batch["prompt_ids"].tolist()]
+            self._handed_out += 1
+            yield batch
+        self._exhausted = True
+
+    def state_dict(self) -> dict:
+        consumed = self._handed_out if self._exhausted else max(self._handed_out - 1, 0)
+        return {"epoch": self.sampler.epoch, "consumed": consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.epoch = state["epoch"]
+        self._resume_at = state["consumed"] % len(self)
+
+
+class PromptDataModule(LightningDataModule):
+    """Training prompts in GRPO groups and fixed-seed evaluation prompts.
+
+    Args:
+        prompts: inline list, ``.txt`` or ``.jsonl`` path.
+        val_prompts: the same forms; evaluated with the deterministic ODE sampler from fixed seeds.
+        group_size: samples per prompt (``G``). num_groups: prompts per global batch.
+        spread_groups: shuffle a group's samples over ranks (Flow-GRPO) or keep each group on one rank.
+        val_batch_size: evaluation prompts per batch. seed: seeds the prompt order and every sample's noise.
+    """
+
+    def __init__(self, prompts: Union[str, list[str]], val_prompts: Optional[Union[str, list[str]]] = None,
+                 group_size: int = 8, num_groups: int = 4, spread_groups: bool = True, val_batch_size: int = 16,
+                 seed: int = 0):
+        super().__init__()
+        self.prompt_source, self.val_source = prompts, val_prompts
+        self.group_size, self.num_groups, self.spread_groups = group_size, num_groups, spread_groups
+        self.val_batch_size, self.seed = val_batch_size, seed
+        problems = GroupLayout(1, num_groups, group_size, 1, spread_groups, seed).problems()
+        if problems:
+            raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
+
+    def setup(self, stage: str) -> None:
+        self.prompts = load_prompts(self.prompt_source)
+        self.val_prompts = load_prompts(self.val_source) if self.val_source is not None else []
+        world = self.trainer.world_size if self.trainer else 1
+        self.layout = GroupLayout(len(self.prompts), self.num_groups, self.group_size, world,
+                                  self.spread_groups, self.seed)
+        if problems := self.layout.problems():
+            raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
+
+    def train_dataloader(self) -> GroupBatchLoader:
+        rank = self.trainer.global_rank if self.trainer else 0
+        return GroupBatchLoader(self.prompts, self.layout, rank)
+
+    def val_dataloader(self) -> list[dict]:
+        rank = self.trainer.global_rank if self.trainer else 0
+        world = self.trainer.world_size if self.trainer else 1
+        ids = list(range(rank, len(self.val_prompts), world))  # each rank a disjoint share
+        return [{"prompts": [self.val_prompts[i] for i in ids[s:s + self.val_batch_size]],
+                 "seeds": torch.tensor(ids[s:s + self.val_batch_size]) + 10_000 * (self.seed + 1)}
+                for s in range(0, len(ids), self.val_batch_size)]

@@ -1,0 +1,6 @@
+"""One LightningModule per algorithm, each a few hooks on the shared loop."""
+
+from flowrl.methods.flow_grpo import FlowGRPO
+from flowrl.methods.grpo_loop import GRPOLoop
+
+__all__ = ["FlowGRPO", "GRPOLoop"]

@@ -1,0 +1,253 @@
+"""The one training loop of every GRPO-family method, as a LightningModule with hooks.
+
+``training_step`` = rollout (no grad) -> rewards from every reward callback -> advantages on the batch gathered
+from all ranks -> ``num_inner_epochs`` of PPO-clip updates over shuffled (sample, trained step) micro-batches,
+with gradient accumulation, manual clipping and one optimizer step per minibatch (manual optimization).
+Methods override ``rollout``, ``step_rewards``, ``compute_advantages`` and ``loss_weights``, never the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor
+
+from flowrl import advantages as adv_lib
+from flowrl import losses
+from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.rewards.aggregate import weighted_sum
+from flowrl.rewards.base import reward_callbacks
+from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
+from flowrl.sampling.steps import STEPS, get_step
+
+
+class GRPOLoop(LightningModule):
+    """Shared loop. Arguments (all appear in ``python -m flowrl fit --help``):
+
+    Args:
+        policy: the policy adapter (``flowrl.policies.*``).
+        num_steps: sampling steps ``T`` of a training rollout. eval_num_steps: ODE steps for validation.
+        guidance_scale: classifier-free guidance at sampling and training (1 disables it).
+        step_kind: SDE step (``flow_grpo``, ``cps``, ``dance``). noise_level: its noise scale ``a``.
+        timestep_fraction: train the stochastic steps among the first ``floor(T * fraction)``.
+        advantage: estimator or preset of ``flowrl.advantages``; advantage_options override its options.
+        clip_range: PPO ratio clip ``epsilon``. beta: KL coefficient to the reference policy (0 disables).
+        num_inner_epochs: PPO epochs over one rollout batch. num_minibatches: optimizer steps per epoch.
+        micro_batch_size: (sample, step) pairs per forward/backward. max_grad_norm: clip (None disables).
+        optimizer: e.g. ``{class_path: torch.optim.AdamW, init_args: {lr: 3e-4}}``.
+        seed: seeds the shuffling of training pairs.
+    """
+
+    def __init__(self, policy: FlowPolicy, num_steps: int = 10, eval_num_steps: Optional[int] = None,
+                 guidance_scale: float = 4.5, step_kind: str = "flow_grpo", noise_level: float = 0.7,
+                 timestep_fraction: float = 0.99, advantage: str = "grpo@flow_grpo",
+                 advantage_options: Optional[dict[str, Any]] = None, clip_range: float = 1e-4, beta: float = 0.0,
+                 num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
+                 max_grad_norm: Optional[float] = 1.0, optimizer: OptimizerCallable = torch.optim.AdamW,
+                 seed: int = 0):
+        super().__init__()
+        problems = []
+        if step_kind not in STEPS or step_kind == "ode":
+            problems.append(f"model.step_kind={step_kind!r}: choose an SDE step from {sorted(set(STEPS) - {'ode'})}")
+        if num_steps < 1 or not 0 < timestep_fraction <= 1:
+            problems.append(f"model.num_steps={num_steps} must be >= 1 and timestep_fraction={timestep_fraction} "
+                            "in (0, 1]")
+        if min(num_inner_epochs, num_minibatches, micro_batch_size) < 1:
+            problems.append("model.num_inner_epochs, num_minibatches and micro_batch_size must be >= 1")
+        try:
+            adv_lib.resolve(advantage, **(advantage_options or {}))
+        except ValueError as err:
+            problems.append(f"model.advantage: {err}")
+        if problems:
+            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
+        self.automatic_optimization = False
+        self.policy = policy
+        self.num_steps, self.eval_num_steps = num_steps, eval_num_steps or num_steps
+        self.guidance_scale, self.step_kind, self.noise_level = guidance_scale, step_kind, noise_level
+        self.timestep_fraction, self.clip_range, self.beta = timestep_fraction, clip_range, beta
+        self.advantage, self.advantage_options = advantage, dict(advantage_options or {})
+        self.num_inner_epochs, self.num_minibatches = num_inner_epochs, num_minibatches
+        self.micro_batch_size, self.max_grad_norm = micro_batch_size, max_grad_norm
+        self.optimizer_factory, self.seed = optimizer, seed
+        if beta > 0:
+            policy.setup_reference()
+
+    def configure_optimizers(self):
+        return self.optimizer_factory(self.policy.trainable_parameters())
+
+    def on_fit_start(self) -> None:
+        if not reward_callbacks(self.trainer.callbacks):
+            raise RuntimeError("no reward callback on the trainer: add one under trainer.callbacks, e.g. "
+                               "{class_path: flowrl.rewards.DigitAlignment}")
+
+    # -- hooks ---------------------------------------------------------------------------------------------
+
+    def noise_levels(self) -> Tensor:
+        """Per-step noise scale ``[T]`` (DenseGRPO calibrates it)."""
+        return torch.full((self.num_steps,), float(self.noise_level))
+
+    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
+        """Sample the batch's trajectories with the SDE on every step."""
+        sigmas = self.policy.sigmas(self.num_steps).to(self.device)
+        mask = sde_steps(self.num_steps, self.step_kind)
+        velocity = lambda z, s: self.policy.velocity(z, s, cond, self.guidance_scale)  # noqa: E731
+        latents, log_probs = sample(velocity, batch["seeds"], sigmas, self.policy.latent_shape(), self.step_kind,
+                                    self.noise_levels(), mask, self.device)
+        batch_size = latents.shape[0]
+        train = trained_steps(mask, self.timestep_fraction, sigmas.cpu(), self.step_kind).to(self.device)
+        return Rollout(prompts=batch["prompts"], group_ids=batch["group_ids"], seeds=batch["seeds"],
+                       latents=latents, log_probs=log_probs, sigmas=sigmas.expand(batch_size, -1),
+                       train_mask=train.expand(batch_size, -1).clone(), nfe=self.num_steps)
+
+    def step_rewards(self, rollout: Rollout, total: Tensor) -> Tensor:
+        """Rewards ``[B, T]`` for the estimator: the outcome on the last trained step."""
+        rewards = torch.zeros_like(rollout.log_probs)
+        last = rollout.train_mask.float().cumsum(1).argmax(1)  # [B] last trained position
+        rewards[torch.arange(len(total)), last] = total
+        return rewards
+
+    def compute_advantages(self, rewards: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+        """Advantages ``[B, T]`` on the global batch (identical on every rank)."""
+        return adv_lib.compute(self.advantage, rewards, mask, group_ids, **self.advantage_options)
+
+    def loss_weights(self, rollout: Rollout) -> Tensor:
+        """Per (sample, step) loss weights ``[B, T]``."""
+        return torch.ones_like(rollout.log_probs)
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def score(self, images: Tensor, prompts: list[str], metadata: Optional[dict] = None) -> dict[str, Tensor]:
+        """Every reward callback's scores ``{name: [B]}``."""
+        return {r.name: r.score(images, prompts, metadata) for r in reward_callbacks(self.trainer.callbacks)}
+
+    def training_step(self, batch: dict, batch_idx: int) -> dict:
+        started = time.perf_counter()
+        self.policy.eval()  # no dropout: sampling and training must see the same network
+        with torch.no_grad():
+            cond = self.policy.encode(batch["prompts"])
+            rollout = self.rollout(batch, cond)
+            rollout.images = self.policy.decode(rollout.latents[:, -1])
+            rollout.rewards = self.score(rollout.images, rollout.prompts, {"group_ids": rollout.group_ids})
+        sampling_s = time.perf_counter() - started
+        weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
+        total, valid = weighted_sum(rollout.rewards, weights)
+        advantages = self._global_advantages(rollout, total, valid)
+        loss_weights = self.loss_weights(rollout) * valid[:, None]
+        metrics = self.update(rollout, cond, advantages, loss_weights)
+        self._log_step(rollout, total, valid, advantages, metrics, sampling_s)
+        return {"images": rollout.images, "prompts": rollout.prompts, "rewards": total}
+
+    def _gather(self, x: Tensor) -> Tensor:
+        return self.all_gather(x).flatten(0, 1) if self.trainer.world_size > 1 else x
+
+    def _global_advantages(self, rollout: Rollout, total: Tensor, valid: Tensor) -> Tensor:
+        """Advantages from the gathered batch, then this rank's rows."""
+        rewards = self._gather(self.step_rewards(rollout, total))
+        mask, group_ids = self._gather(rollout.train_mask), self._gather(rollout.group_ids)
+        ok = self._gather(valid)
+        if not ok.any():
+            names = [n for n, s in rollout.rewards.items() if not torch.isfinite(s).all()]
+            raise RuntimeError(f"every sample of the batch got a non-finite reward from {names}; check the reward")
+        advantages = torch.zeros_like(rewards)
+        advantages[ok] = self.compute_advantages(rewards[ok], mask[ok], group_ids[ok])
+        rank, local = self.trainer.global_rank, total.shape[0]
+        return advantages[rank * local:(rank + 1) * local] if self.trainer.world_size > 1 else advantages
+
+    def update(self, rollout: Rollout, cond: Conditioning, advantages: Tensor, weights: Tensor) -> dict[str, float]:
+        """PPO epochs over (sample, trained step) pairs; one optimizer step per minibatch."""
+        self.policy.train()
+        opt = self.optimizers()
+        pairs = rollout.train_mask.nonzero()  # [P, 2] (sample, step)
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)
+        sums: dict[str, float] = {}
+        grad_norms: list[float] = []
+        for _ in range(self.num_inner_epochs):
+            shuffled = pairs[torch.randperm(len(pairs), generator=gen).to(pairs.device)]
+            for minibatch in shuffled.chunk(self.num_minibatches):
+                micro = minibatch.split(self.micro_batch_size)
+                for i, chunk in enumerate(micro):
+                    last = i == len(micro) - 1
+                    with nullcontext() if last else self.trainer.strategy.block_backward_sync():
+                        loss, stats = self.pair_loss(rollout, cond, advantages, weights, chunk)
+                        self.manual_backward(loss * len(chunk) / len(minibatch))
+                    for key, value in stats.items():
+                        sums[key] = sums.get(key, 0.0) + value * len(chunk)
+                grad_norms.append(self._grad_norm())
+                if self.max_grad_norm is not None:
+                    self.clip_gradients(opt, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
+                opt.step()
+                opt.zero_grad()
+        count = max(len(pairs), 1) * self.num_inner_epochs
+        out = {key: value / count for key, value in sums.items()}
+        out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)  # before clipping, mean over optimizer steps
+        return out
+
+    def _grad_norm(self) -> float:
+        grads = [p.grad for p in self.policy.trainable_parameters() if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+    def pair_loss(self, rollout: Rollout, cond: Conditioning, advantages: Tensor, weights: Tensor,
+                  pairs: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """Mean PPO loss (+ beta KL) over ``pairs [P, 2]`` and its diagnostics."""
+        b, k = pairs[:, 0], pairs[:, 1]
+        z, z_next = rollout.latents[b, k], rollout.latents[b, k + 1]
+        sigma, sigma_next = rollout.sigmas[b, k], rollout.sigmas[b, k + 1]
+        levels = self.noise_levels().to(self.device)[k]
+        step, sub = get_step(self.step_kind), cond.select(b)
+        out = step(z, self.policy.velocity(z, sigma, sub, self.guidance_scale), sigma, sigma_next,
+                   z_next=z_next, noise_level=levels)
+        loss, stats = losses.vanilla(out.log_prob[:, None], rollout.log_probs[b, k][:, None],
+                                     advantages[b, k][:, None], clip_low=self.clip_range)
+        w = weights[b, k]  # [P]
+        per_pair = loss[:, 0]
+        metrics = {"clip_frac": stats["clip_frac"].mean().item(), "approx_kl": stats["approx_kl"].mean().item(),
+                   "ratio_mean": stats["ratio"].mean().item(),
+                   "ratio_max_dev": (stats["ratio"] - 1).abs().max().item()}
+        if self.beta > 0:
+            with torch.no_grad(), self.policy.reference():
+                ref_v = self.policy.velocity(z, sigma, sub, self.guidance_scale)
+            ref = step(z, ref_v, sigma, sigma_next, z_next=z_next, noise_level=levels)
+            kl = losses.gaussian_mean_kl(out.mean, ref.mean, out.std)  # [P]
+            per_pair = per_pair + self.beta * kl
+            metrics["kl"] = kl.mean().item()
+        metrics["loss"] = (per_pair * w).mean().item()
+        return (per_pair * w).mean(), metrics
+
+    def _log_step(self, rollout, total, valid, advantages, metrics, sampling_s) -> None:
+        size = total.shape[0]
+        log = lambda name, value, **kw: self.log(name, value, batch_size=size, **kw)  # noqa: E731
+        for name, scores in rollout.rewards.items():
+            finite = torch.isfinite(scores)
+            log(f"train/reward/{name}", scores[finite].mean() if finite.any() else torch.nan, sync_dist=True)
+            if not finite.all():
+                log(f"train/reward/{name}_nonfinite", (~finite).sum().float(), reduce_fx="sum", sync_dist=True)
+        log("train/reward/total", total[valid].mean() if valid.any() else torch.nan, prog_bar=True, sync_dist=True)
+        trained = advantages[rollout.train_mask]
+        log("train/advantage/mean", trained.mean())
+        log("train/advantage/std", trained.std() if trained.numel() > 1 else torch.zeros(()))
+        for key, value in metrics.items():
+            log(f"train/{key}", value)
+        log("rollout/nfe", float(rollout.nfe))
+        log("rollout/samples_per_s", size / max(sampling_s, 1e-9))
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], seeds: Tensor, num_steps: Optional[int] = None) -> Tensor:
+        """Images ``[B, 3, H, W]`` from the deterministic ODE sampler (no noise after the seeded start)."""
+        cond = self.policy.encode(prompts)
+        sigmas = self.policy.sigmas(num_steps or self.eval_num_steps).to(self.device)
+        velocity = lambda z, s: self.policy.velocity(z, s, cond, self.guidance_scale)  # noqa: E731
+        latents, _ = sample(velocity, seeds, sigmas, self.policy.latent_shape(), "ode", device=self.device)
+        return self.policy.decode(latents[:, -1])
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        images = self.generate(batch["prompts"], batch["seeds"])
+        scores = self.score(images, batch["prompts"])
+        for name, values in scores.items():
+            self.log(f"val/reward/{name}", values.mean(), batch_size=len(values), sync_dist=True)

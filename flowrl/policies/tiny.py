@@ -1,0 +1,73 @@
+"""The embedded text-to-image flow model: a tiny SD3 transformer on 16x16 RGB pixels, a tiny CLIP text encoder.
+
+Trained by ``scripts/pretrain_tiny_model.py`` on digit canvases (``flowrl.digit_canvas``) and shipped in diffusers
+folder layout under ``flowrl/assets/tiny-digits``; it loads through ``from_pretrained`` exactly like a hub model.
+There is no VAE: latents are pixels in ``[-1, 1]``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+from torch import Tensor
+from transformers import AutoTokenizer, CLIPTextModelWithProjection
+
+from flowrl.policies.base import Conditioning, FlowPolicy, LoraOptions
+from flowrl.policies.hub import resolve_model
+
+SD3_LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
+
+
+class TinyFlowPolicy(FlowPolicy):
+    """Adapter for the embedded model (and any folder with the same four components).
+
+    Args:
+        model: ``flowrl/tiny-digits``, a local folder or a hub id with ``tokenizer/``, ``text_encoder/``,
+            ``transformer/`` and ``scheduler/``.
+        lora: LoRA options; ``null`` in YAML for full fine-tuning.
+    """
+
+    default_lora_targets = SD3_LORA_TARGETS
+
+    def __init__(self, model: str = "flowrl/tiny-digits", lora: Optional[LoraOptions] = LoraOptions()):
+        super().__init__(lora)
+        path = resolve_model(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
+        self.text_encoder = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder").eval()
+        self.denoiser = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer")
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
+        self._setup_trainable(self.denoiser)
+        self._null: Optional[tuple[Tensor, Tensor]] = None
+
+    @torch.no_grad()
+    def _encode_text(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        tokens = self.tokenizer(prompts, padding="max_length", max_length=self.tokenizer.model_max_length,
+                                truncation=True, return_tensors="pt").to(self.text_encoder.device)
+        out = self.text_encoder(input_ids=tokens.input_ids)
+        return out.last_hidden_state, out.text_embeds
+
+    def encode(self, prompts: list[str]) -> Conditioning:
+        embeds, pooled = self._encode_text(list(prompts))
+        null_embeds, null_pooled = self._encode_text([""])
+        n = len(prompts)
+        return Conditioning(embeds, pooled, null_embeds.expand(n, -1, -1), null_pooled.expand(n, -1))
+
+    def _forward(self, latents: Tensor, sigma: Tensor, embeds: Tensor, pooled: Tensor) -> Tensor:
+        timestep = sigma * self.scheduler.config.num_train_timesteps
+        return self.denoiser(hidden_states=latents, encoder_hidden_states=embeds, pooled_projections=pooled,
+                             timestep=timestep, return_dict=False)[0]
+
+    def decode(self, latents: Tensor) -> Tensor:
+        return (latents.float() / 2 + 0.5).clamp(0, 1)
+
+    def latent_shape(self) -> tuple[int, ...]:
+        cfg = self.denoiser.config
+        return (cfg.in_channels, cfg.sample_size, cfg.sample_size)
+
+    def sigmas(self, num_steps: int) -> Tensor:
+        """``[T + 1]`` from the scheduler's own grid (shift included), ending at 0."""
+        self.scheduler.set_timesteps(num_steps)
+        return self.scheduler.sigmas.float().clone()

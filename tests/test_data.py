@@ -1,0 +1,71 @@
+"""Prompt loading, the group sampler across ranks, and the resumable loader."""
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from flowrl.data import GroupBatchLoader, GroupLayout, PromptDataModule, group_batch, load_prompts
+
+
+def test_load_prompts_from_list_txt_and_jsonl(tmp_path):
+    (tmp_path / "p.txt").write_text("red 1 and blue 2\n\n green 3 and red 4 \n")
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps({"prompt": p}) for p in ["a", "b"]))
+    assert load_prompts(str(tmp_path / "p.txt")) == ["red 1 and blue 2", "green 3 and red 4"]
+    assert load_prompts(str(tmp_path / "p.jsonl")) == ["a", "b"]
+    assert load_prompts(["x"]) == ["x"]
+
+
+def test_bad_prompt_sources_are_clear(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(ValueError, match="no prompts found"):
+        load_prompts(str(tmp_path / "empty.txt"))
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        load_prompts(str(tmp_path / "missing.txt"))
+
+
+@pytest.mark.parametrize("spread", [True, False])
+def test_two_ranks_split_exactly_the_one_rank_batch(spread):
+    one = GroupLayout(num_prompts=10, num_groups=4, group_size=3, world_size=1, spread=spread, seed=5)
+    two = GroupLayout(num_prompts=10, num_groups=4, group_size=3, world_size=2, spread=spread, seed=5)
+    full = group_batch(one, epoch=1, index=2, rank=0)
+    parts = [group_batch(two, epoch=1, index=2, rank=r) for r in (0, 1)]
+    for key in ("prompt_ids", "group_ids", "seeds"):
+        assert torch.equal(torch.cat([p[key] for p in parts]).sort().values, full[key].sort().values)
+    # every group holds one prompt, group_size times; ids are global: batch counter 1*3+2=5 -> ids 20..23
+    counts = Counter(full["group_ids"].tolist())
+    assert sorted(counts) == [20, 21, 22, 23] and set(counts.values()) == {3}
+    for gid in counts:
+        assert full["prompt_ids"][full["group_ids"] == gid].unique().numel() == 1
+    if not spread:  # whole groups stay on one rank
+        assert not set(parts[0]["group_ids"].tolist()) & set(parts[1]["group_ids"].tolist())
+    assert full["seeds"].unique().numel() == 12
+
+
+def test_epoch_covers_every_prompt():
+    layout = GroupLayout(num_prompts=8, num_groups=2, group_size=2)
+    seen = torch.cat([group_batch(layout, 0, i, 0)["prompt_ids"] for i in range(layout.batches_per_epoch)])
+    assert sorted(seen.unique().tolist()) == list(range(8))
+
+
+def test_layout_problems_are_named():
+    assert "group_size=1" in GroupLayout(4, 2, 1).problems()[0]
+    assert "not divisible by the 2 ranks" in GroupLayout(4, 3, 3, world_size=2).problems()[0]
+    with pytest.raises(ValueError, match="group_size=1"):
+        PromptDataModule(prompts=["a"], group_size=1)
+
+
+def test_loader_resumes_after_the_consumed_batches():
+    layout = GroupLayout(num_prompts=12, num_groups=2, group_size=2, seed=1)
+    loader = GroupBatchLoader([str(i) for i in range(12)], layout, rank=0)
+    loader.sampler.set_epoch(3)
+    it = iter(loader)
+    batches = [next(it), next(it), next(it)]  # the trainer consumed two; the fetcher read a third ahead
+    state = loader.state_dict()
+    assert state == {"epoch": 3, "consumed": 2}
+    fresh = GroupBatchLoader([str(i) for i in range(12)], layout, rank=0)
+    fresh.load_state_dict(state)
+    assert torch.equal(next(iter(fresh))["seeds"], batches[2]["seeds"])
+    list(it)  # exhausting the epoch marks every batch consumed
+    assert loader.state_dict()["consumed"] == len(loader)

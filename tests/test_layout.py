@@ -1,0 +1,43 @@
+"""Import boundaries (walked with ``ast``): pure maths imports neither Lightning nor diffusers; only policies
+import diffusers."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PURE = ["flowrl/advantages.py", "flowrl/losses.py", "flowrl/sampling", "flowrl/digit_canvas.py"]
+
+
+def imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def files(*parts: str) -> list[Path]:
+    out = []
+    for part in parts:
+        p = ROOT / part
+        out += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    return out
+
+
+def test_pure_modules_import_neither_lightning_nor_diffusers():
+    for path in files(*PURE):
+        assert not imported_roots(path) & {"lightning", "diffusers", "pytorch_lightning"}, path
+
+
+def test_only_policies_import_diffusers():
+    for path in files("flowrl", "rewards", "callbacks"):
+        if "policies" in path.parts or "assets" in path.parts:
+            continue
+        assert "diffusers" not in imported_roots(path), path
+
+
+def test_no_file_is_a_grab_bag():
+    names = {p.stem for p in files("flowrl", "rewards", "callbacks")}
+    assert not names & {"utils", "common", "misc", "helpers"}
