@@ -15,8 +15,8 @@ from typing import Any, Optional
 from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 
-from flowrl.data import PromptDataModule
-from flowrl.methods.grpo_loop import GRPOLoop
+from flowrl.data import GroupLayout, PromptDataModule
+from flowrl.methods.grpo_loop import GRPOLoop, option_problems
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,  # the group sampler already splits batches over ranks
@@ -45,6 +45,11 @@ def config_problems(config: Any) -> list[str]:
     if not reward_paths:
         problems.append("trainer.callbacks has no reward callback; add one, e.g. "
                         "`- class_path: flowrl.rewards.DigitAlignment`")
+    model = _as_dict(config.get("model"))
+    problems += option_problems(**_as_dict(model.get("init_args")))
+    data = _as_dict(config.get("data"))
+    layout = GroupLayout(1, data.get("num_groups", 4), data.get("group_size", 8), 1, data.get("spread_groups", True))
+    problems += layout.problems()
     if config.get("trainer", {}).get("use_distributed_sampler"):
         problems.append("trainer.use_distributed_sampler=true would re-split the GRPO groups; set it to false")
     return problems

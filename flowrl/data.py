@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -115,31 +115,32 @@ class GroupBatchLoader:
     """An iterable of per-rank batch dicts (``prompts``, ``prompt_ids``, ``group_ids``, ``seeds``) with
     ``state_dict``/``load_state_dict`` so Lightning resumes it mid-epoch.
 
-    The position saved is the number of batches the training step *consumed*: Lightning's fetcher reads one batch
-    ahead, so mid-epoch that is one less than the batches handed out.
+    The position saved is the number of batches the training step *processed*, read from ``consumed()`` (the
+    trainer's batch progress): Lightning's fetcher reads one batch ahead except at the end of a sized epoch, so
+    the count of batches handed out cannot tell the two apart.
     """
 
-    def __init__(self, prompts: list[str], layout: GroupLayout, rank: int):
+    def __init__(self, prompts: list[str], layout: GroupLayout, rank: int,
+                 consumed: Optional[Callable[[], int]] = None):
         self.prompts, self.layout, self.rank = prompts, layout, rank
         self.sampler = EpochSampler()
-        self._handed_out, self._exhausted, self._resume_at = 0, False, 0
+        self.consumed = consumed or (lambda: self._handed_out)
+        self._handed_out, self._resume_at = 0, 0
 
     def __len__(self) -> int:
         return self.layout.batches_per_epoch
 
     def __iter__(self) -> Iterator[dict]:
         start, self._resume_at = self._resume_at, 0
-        self._handed_out, self._exhausted = start, False
+        self._handed_out = start
         for index in range(start, len(self)):
             batch = group_batch(self.layout, self.sampler.epoch, index, self.rank)
             batch["prompts"] = [self.prompts[i] for i in batch["prompt_ids"].tolist()]
             self._handed_out += 1
             yield batch
-        self._exhausted = True
 
     def state_dict(self) -> dict:
-        consumed = self._handed_out if self._exhausted else max(self._handed_out - 1, 0)
-        return {"epoch": self.sampler.epoch, "consumed": consumed}
+        return {"epoch": self.sampler.epoch, "consumed": int(self.consumed())}
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.epoch = state["epoch"]
@@ -178,8 +179,10 @@ class PromptDataModule(LightningDataModule):
             raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
 
     def train_dataloader(self) -> GroupBatchLoader:
-        rank = self.trainer.global_rank if self.trainer else 0
-        return GroupBatchLoader(self.prompts, self.layout, rank)
+        if self.trainer is None:
+            return GroupBatchLoader(self.prompts, self.layout, 0)
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        return GroupBatchLoader(self.prompts, self.layout, self.trainer.global_rank, lambda: progress.processed)
 
     def val_dataloader(self) -> list[dict]:
         rank = self.trainer.global_rank if self.trainer else 0

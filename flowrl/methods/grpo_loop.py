@@ -26,6 +26,26 @@ from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
 from flowrl.sampling.steps import STEPS, get_step
 
 
+def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_fraction: float = 0.99,
+                    num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
+                    advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict] = None,
+                    **_: Any) -> list[str]:
+    """Problems with the loop's options, each naming the key and the fix (checked before any weight loads)."""
+    problems = []
+    if step_kind not in STEPS or step_kind == "ode":
+        problems.append(f"model.step_kind={step_kind!r}: choose an SDE step from {sorted(set(STEPS) - {'ode'})}")
+    if num_steps < 1 or not 0 < timestep_fraction <= 1:
+        problems.append(f"model.num_steps={num_steps} must be >= 1 and model.timestep_fraction={timestep_fraction} "
+                        "in (0, 1]")
+    if min(num_inner_epochs, num_minibatches, micro_batch_size) < 1:
+        problems.append("model.num_inner_epochs, num_minibatches and micro_batch_size must be >= 1")
+    try:
+        adv_lib.resolve(advantage, **(advantage_options or {}))
+    except ValueError as err:
+        problems.append(f"model.advantage: {err}")
+    return problems
+
+
 class GRPOLoop(LightningModule):
     """Shared loop. Arguments (all appear in ``python -m flowrl fit --help``):
 
@@ -51,18 +71,10 @@ class GRPOLoop(LightningModule):
                  max_grad_norm: Optional[float] = 1.0, optimizer: OptimizerCallable = torch.optim.AdamW,
                  seed: int = 0):
         super().__init__()
-        problems = []
-        if step_kind not in STEPS or step_kind == "ode":
-            problems.append(f"model.step_kind={step_kind!r}: choose an SDE step from {sorted(set(STEPS) - {'ode'})}")
-        if num_steps < 1 or not 0 < timestep_fraction <= 1:
-            problems.append(f"model.num_steps={num_steps} must be >= 1 and timestep_fraction={timestep_fraction} "
-                            "in (0, 1]")
-        if min(num_inner_epochs, num_minibatches, micro_batch_size) < 1:
-            problems.append("model.num_inner_epochs, num_minibatches and micro_batch_size must be >= 1")
-        try:
-            adv_lib.resolve(advantage, **(advantage_options or {}))
-        except ValueError as err:
-            problems.append(f"model.advantage: {err}")
+        problems = option_problems(num_steps=num_steps, step_kind=step_kind, timestep_fraction=timestep_fraction,
+                                   num_inner_epochs=num_inner_epochs, num_minibatches=num_minibatches,
+                                   micro_batch_size=micro_batch_size, advantage=advantage,
+                                   advantage_options=advantage_options)
         if problems:
             raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
         self.automatic_optimization = False
@@ -140,7 +152,8 @@ class GRPOLoop(LightningModule):
         loss_weights = self.loss_weights(rollout) * valid[:, None]
         metrics = self.update(rollout, cond, advantages, loss_weights)
         self._log_step(rollout, total, valid, advantages, metrics, sampling_s)
-        return {"images": rollout.images, "prompts": rollout.prompts, "rewards": total}
+        return {"images": rollout.images, "prompts": rollout.prompts, "rewards": total, "seeds": rollout.seeds,
+                "group_ids": rollout.group_ids, "advantages": advantages}
 
     def _gather(self, x: Tensor) -> Tensor:
         return self.all_gather(x).flatten(0, 1) if self.trainer.world_size > 1 else x
@@ -172,7 +185,7 @@ class GRPOLoop(LightningModule):
                 micro = minibatch.split(self.micro_batch_size)
                 for i, chunk in enumerate(micro):
                     last = i == len(micro) - 1
-                    with nullcontext() if last else self.trainer.strategy.block_backward_sync():
+                    with nullcontext() if last else self._no_sync():
                         loss, stats = self.pair_loss(rollout, cond, advantages, weights, chunk)
                         self.manual_backward(loss * len(chunk) / len(minibatch))
                     for key, value in stats.items():
@@ -186,6 +199,11 @@ class GRPOLoop(LightningModule):
         out = {key: value / count for key, value in sums.items()}
         out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)  # before clipping, mean over optimizer steps
         return out
+
+    def _no_sync(self):
+        """Skip the gradient all-reduce of a non-final micro-batch (DDP); a no-op on one device."""
+        block = getattr(self.trainer.strategy, "block_backward_sync", None)
+        return block() if block is not None else nullcontext()
 
     def _grad_norm(self) -> float:
         grads = [p.grad for p in self.policy.trainable_parameters() if p.grad is not None]
@@ -246,8 +264,27 @@ class GRPOLoop(LightningModule):
         latents, _ = sample(velocity, seeds, sigmas, self.policy.latent_shape(), "ode", device=self.device)
         return self.policy.decode(latents[:, -1])
 
+    def _scores_with_total(self, prompts: list[str], seeds: Tensor) -> dict[str, Tensor]:
+        images = self.generate(prompts, seeds.to(self.device))
+        scores = self.score(images, prompts)
+        weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
+        scores["total"] = weighted_sum(scores, weights)[0]
+        return scores
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        images = self.generate(batch["prompts"], batch["seeds"])
-        scores = self.score(images, batch["prompts"])
-        for name, values in scores.items():
+        for name, values in self._scores_with_total(batch["prompts"], batch["seeds"]).items():
             self.log(f"val/reward/{name}", values.mean(), batch_size=len(values), sync_dist=True)
+
+    @torch.no_grad()
+    def evaluate(self, batches: list[dict]) -> dict[str, float]:
+        """Mean reward per name (and ``total``) over evaluation batches of ``prompts`` and ``seeds``."""
+        was_training = self.policy.training
+        self.policy.eval()
+        sums: dict[str, float] = {}
+        count = 0
+        for batch in batches:
+            for name, values in self._scores_with_total(batch["prompts"], batch["seeds"]).items():
+                sums[name] = sums.get(name, 0.0) + float(values.sum())
+            count += len(batch["prompts"])
+        self.policy.train(was_training)
+        return {name: value / max(count, 1) for name, value in sums.items()}

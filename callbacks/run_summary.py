@@ -1,0 +1,54 @@
+"""What a person wants at the end of a run: where things are, and how the reward moved.
+
+Evaluates the validation prompts (fixed seeds, deterministic ODE sampler) before the first step and after the
+last, and prints both with the first and last training reward, the log folder, the sample grids and the
+checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+
+
+class RunSummary(Callback):
+    """Prints a summary at the end of ``fit``; ``self.before``/``self.after`` hold the validation rewards."""
+
+    def __init__(self, evaluate: bool = True):
+        self.evaluate = evaluate
+        self.before: Optional[dict[str, float]] = None
+        self.after: Optional[dict[str, float]] = None
+        self.train_rewards: list[float] = []
+
+    def _evaluate(self, trainer, pl_module) -> Optional[dict[str, float]]:
+        datamodule = trainer.datamodule
+        if not self.evaluate or datamodule is None or not getattr(datamodule, "val_prompts", None):
+            return None
+        return pl_module.evaluate(datamodule.val_dataloader())
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.before = self._evaluate(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if outputs and "rewards" in outputs:
+            self.train_rewards.append(float(outputs["rewards"].mean()))
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self.after = self._evaluate(trainer, pl_module)
+        lines = ["", "flowrl run summary", f"  logs:        {trainer.log_dir}"]
+        grids = [c.dir for c in trainer.callbacks if getattr(c, "dir", None) is not None]
+        if grids:
+            lines.append(f"  samples:     {grids[0]}")
+        ckpt = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+        if ckpt is not None and (ckpt.last_model_path or ckpt.best_model_path):
+            lines.append(f"  checkpoint:  {ckpt.last_model_path or ckpt.best_model_path}")
+        if self.train_rewards:
+            lines.append(f"  train reward (batch mean): first step {self.train_rewards[0]:.4f} -> "
+                         f"last step {self.train_rewards[-1]:.4f} over {len(self.train_rewards)} steps")
+        if self.before and self.after:
+            for name in self.after:
+                lines.append(f"  val {name}: {self.before[name]:.4f} -> {self.after[name]:.4f}")
+        rank_zero_info("\n".join(lines))
