@@ -11,7 +11,6 @@ from typing import Optional
 
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_info
 
 
 class RunSummary(Callback):
@@ -51,4 +50,5 @@ class RunSummary(Callback):
         if self.before and self.after:
             for name in self.after:
                 lines.append(f"  val {name}: {self.before[name]:.4f} -> {self.after[name]:.4f}")
-        rank_zero_info("\n".join(lines))
+        if trainer.is_global_zero:  # printed, not logged: the last thing a quickstart user reads
+            print("\n".join(lines), flush=True)

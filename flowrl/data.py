@@ -147,6 +147,19 @@ class GroupBatchLoader:
         self._resume_at = state["consumed"] % len(self)
 
 
+class EvalLoader:
+    """Fixed evaluation batches as *one* loader (Lightning reads a bare list as several dataloaders)."""
+
+    def __init__(self, batches: list[dict]):
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(self.batches)
+
+
 class PromptDataModule(LightningDataModule):
     """Training prompts in GRPO groups and fixed-seed evaluation prompts.
 
@@ -184,10 +197,10 @@ class PromptDataModule(LightningDataModule):
         progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
         return GroupBatchLoader(self.prompts, self.layout, self.trainer.global_rank, lambda: progress.processed)
 
-    def val_dataloader(self) -> list[dict]:
+    def val_dataloader(self) -> EvalLoader:
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
         ids = list(range(rank, len(self.val_prompts), world))  # each rank a disjoint share
-        return [{"prompts": [self.val_prompts[i] for i in ids[s:s + self.val_batch_size]],
-                 "seeds": torch.tensor(ids[s:s + self.val_batch_size]) + 10_000 * (self.seed + 1)}
-                for s in range(0, len(ids), self.val_batch_size)]
+        return EvalLoader([{"prompts": [self.val_prompts[i] for i in ids[s:s + self.val_batch_size]],
+                            "seeds": torch.tensor(ids[s:s + self.val_batch_size]) + 10_000 * (self.seed + 1)}
+                           for s in range(0, len(ids), self.val_batch_size)])
