@@ -29,8 +29,7 @@ import diffusers
 import torch
 import torch.nn.functional as F
 from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import CLIPTextConfig, CLIPTextModelWithProjection, PreTrainedTokenizerFast
+from transformers import CLIPTextModelWithProjection, PreTrainedTokenizerFast
 
 from flowrl.digit_canvas import (
     PAD_TOKEN,
@@ -45,53 +44,8 @@ from flowrl.rewards.digit_classifier import DigitCanvasClassifier
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ASSETS = REPO_ROOT / "flowrl" / "assets"
-MAX_LENGTH = 8
-
-
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate(VOCAB)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token=PAD_TOKEN, unk_token=UNK_TOKEN, model_max_length=MAX_LENGTH
-    )
-
-
-def build_text_encoder(pad_id: int) -> CLIPTextModelWithProjection:
-    # CLIP pools the hidden state at the first ``eos_token_id`` position.  There is no
-    # EOS token in the vocabulary, so the first [PAD] plays that role: prompts are always
-    # padded to MAX_LENGTH (5 words < 8), and under the causal mask the first pad position
-    # has seen the whole prompt.  The empty prompt pools position 0, a constant "null" text.
-    # (eos_token_id == 2 would trigger CLIP's legacy argmax pooling, so it must not be 2.)
-    config = CLIPTextConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        projection_dim=32,
-        max_position_embeddings=MAX_LENGTH,
-        pad_token_id=pad_id,
-        bos_token_id=pad_id,
-        eos_token_id=pad_id,
-    )
-    return CLIPTextModelWithProjection(config)
-
-
-def build_transformer() -> SD3Transformer2DModel:
-    return SD3Transformer2DModel(
-        sample_size=16,
-        patch_size=2,
-        in_channels=3,
-        out_channels=3,
-        num_layers=4,
-        attention_head_dim=16,
-        num_attention_heads=4,
-        joint_attention_dim=32,
-        caption_projection_dim=64,
-        pooled_projection_dim=32,
-        pos_embed_max_size=16,
-    )
+# One definition of the components, shared with the tests' random-weight models.
+from flowrl.policies.tiny_components import MAX_LENGTH, build_text_encoder, build_tokenizer, build_transformer  # noqa: E402
 
 
 def encode(tokenizer, text_encoder, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
