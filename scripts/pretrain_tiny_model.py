@@ -6,14 +6,16 @@ enough to pretrain on a CPU in a few minutes.  There is no VAE: latents are
 the 16x16 RGB digit canvases themselves, mapped to [-1, 1].
 
 The model is deliberately *under*-trained.  It learns to paint coloured digits
-in the right places but is still unreliable at binding each colour and digit
-to its side, so RL post-training has clear headroom between the base model's
-prompt-alignment reward and the ceiling (the reward of real canvases).
+in the right places but is still unreliable at drawing the asked-for digit on
+each side, so RL post-training has clear headroom between the base model's
+prompt-alignment reward and the ceiling (the reward of real canvases).  With
+the defaults the base model scores about 0.20 / 0.45 / 0.47 mean alignment at
+CFG 1 / 3 / 4.5, against a ceiling of 0.99.
 
 Everything is saved in diffusers folder layout to ``flowrl/assets/tiny-digits``:
 tokenizer/, text_encoder/, transformer/, scheduler/ and a model_index.json.
 
-    python scripts/pretrain_tiny_model.py  # ~4 min on 2 CPU cores
+    python scripts/pretrain_tiny_model.py  # ~3-4 min on 2 idle CPU cores
 """
 
 from __future__ import annotations
@@ -28,24 +30,16 @@ from pathlib import Path
 import diffusers
 import torch
 import torch.nn.functional as F
-from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-from transformers import CLIPTextModelWithProjection, PreTrainedTokenizerFast
+from diffusers import FlowMatchEulerDiscreteScheduler
+from transformers import PreTrainedTokenizerFast
 
-from flowrl.digit_canvas import (
-    PAD_TOKEN,
-    UNK_TOKEN,
-    VOCAB,
-    all_prompts,
-    parse_prompt,
-    random_specs,
-    render_specs,
-)
+from flowrl.digit_canvas import VOCAB, all_prompts, parse_prompt, random_specs, render_specs
+# One definition of the components, shared with the tests' random-weight models.
+from flowrl.policies.tiny_components import MAX_LENGTH, build_text_encoder, build_tokenizer, build_transformer
 from flowrl.rewards.digit_classifier import DigitCanvasClassifier
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ASSETS = REPO_ROOT / "flowrl" / "assets"
-# One definition of the components, shared with the tests' random-weight models.
-from flowrl.policies.tiny_components import MAX_LENGTH, build_text_encoder, build_tokenizer, build_transformer  # noqa: E402
 
 
 def encode(tokenizer, text_encoder, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,6 +133,8 @@ def save(out: Path, tokenizer, text_encoder, transformer) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # The learning curve is steep: mean alignment at CFG 4.5 is ~0.25 after 1250 steps,
+    # ~0.45 after 1500, ~0.7 after 1750 and ~0.99 after 2750.  1500 leaves RL headroom.
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
