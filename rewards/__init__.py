@@ -1,8 +1,8 @@
 """Reward models as Lightning callbacks (installed as ``flowrl.rewards``)."""
 
-from flowrl.rewards.base import RewardCallback, reward_callbacks
+from flowrl.rewards.base import ModelReward, RewardCallback, reward_callbacks
 from flowrl.rewards.digit_alignment import DigitAlignment
 from flowrl.rewards.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
 
-__all__ = ["DigitAlignment", "JpegCompressibility", "JpegIncompressibility", "RewardCallback", "jpeg_size_kb",
+__all__ = ["DigitAlignment", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "RewardCallback", "jpeg_size_kb",
            "reward_callbacks"]

@@ -49,6 +49,48 @@ class RewardCallback(Callback):
         raise NotImplementedError
 
 
+class ModelReward(RewardCallback):
+    """A reward backed by weights: loads once, in ``setup``, on the trainer's device or a device of its own.
+
+    Subclasses implement ``_load(path, device, dtype) -> model`` and ``_score``; ``self.model`` holds the result.
+
+    Args:
+        model: a hub id, a local folder, or ``flowrl/<name>`` for the embedded assets.
+        device: where the scorer runs (default: the LightningModule's device).
+        dtype: ``float32``, ``bfloat16`` or ``float16``: the dtype the scorer's weights and inputs use.
+    """
+
+    def __init__(self, model: str, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 64,
+                 device: Optional[str] = None, dtype: str = "float32"):
+        super().__init__(weight, name, batch_size)
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"reward {self.name!r}: dtype={dtype!r}; choose float32, bfloat16 or float16")
+        self.model_id, self.device, self.dtype = model, device, getattr(torch, dtype)
+        self.model = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.load(self.device or pl_module.device)
+
+    def load(self, device=None) -> "ModelReward":
+        """Loads the weights (once) and moves them to ``device``; returns ``self`` for chaining."""
+        device = torch.device(device or self.device or "cpu")
+        if self.model is None:
+            self.model = self._load(self.model_id, device, self.dtype)
+        else:
+            self.model.to(device)
+        self._model_device = device
+        return self
+
+    @property
+    def model_device(self) -> torch.device:
+        if self.model is None:
+            self.load()
+        return self._model_device
+
+    def _load(self, model: str, device: torch.device, dtype: torch.dtype):
+        raise NotImplementedError
+
+
 def reward_callbacks(callbacks: list[Callback]) -> list[RewardCallback]:
     """The reward callbacks among ``callbacks``, in order; raises if two share a name."""
     rewards = [c for c in callbacks if isinstance(c, RewardCallback)]

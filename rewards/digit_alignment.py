@@ -13,10 +13,10 @@ from torch import Tensor
 
 from flowrl.digit_canvas import parse_prompt
 from flowrl.policies.hub import resolve_model
-from flowrl.rewards.base import RewardCallback
+from flowrl.rewards.base import ModelReward
 
 
-class DigitAlignment(RewardCallback):
+class DigitAlignment(ModelReward):
     """Alignment of a digit canvas with its prompt (``"red 3 and blue 7"``).
 
     Args:
@@ -26,24 +26,14 @@ class DigitAlignment(RewardCallback):
     default_name = "digit_alignment"
 
     def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 256,
-                 model: str = "flowrl/digit-classifier"):
-        super().__init__(weight, name, batch_size)
-        self.model_path = resolve_model(model)  # a missing path fails here, at config time
-        self.classifier = None
+                 model: str = "flowrl/digit-classifier", device: Optional[str] = None, dtype: str = "float32"):
+        super().__init__(resolve_model(model), weight, name, batch_size, device, dtype)  # a missing path fails now
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        self.load(pl_module.device)
-
-    def load(self, device="cpu") -> "DigitAlignment":
+    def _load(self, model, device, dtype):
         from flowrl.rewards.digit_classifier import DigitCanvasClassifier
 
-        if self.classifier is None:
-            self.classifier = DigitCanvasClassifier.from_pretrained(self.model_path).eval().requires_grad_(False)
-        self.classifier.to(device)
-        return self
+        return DigitCanvasClassifier.from_pretrained(model).eval().requires_grad_(False).to(device, dtype)
 
     def _score(self, images, prompts, metadata) -> Tensor:
-        if self.classifier is None:
-            self.load(images.device)
         specs = [parse_prompt(p) for p in prompts]
-        return self.classifier.alignment(images.to(next(self.classifier.parameters()).device), specs)
+        return self.model.alignment(images.to(self.model_device, self.dtype), specs)
