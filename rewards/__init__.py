@@ -3,6 +3,7 @@
 from flowrl.rewards.base import ModelReward, RewardCallback, reward_callbacks
 from flowrl.rewards.digit_alignment import DigitAlignment
 from flowrl.rewards.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
+from flowrl.rewards.ocr import OcrReward
 
-__all__ = ["DigitAlignment", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "RewardCallback", "jpeg_size_kb",
+__all__ = ["DigitAlignment", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "OcrReward", "RewardCallback", "jpeg_size_kb",
            "reward_callbacks"]
