@@ -1,14 +1,30 @@
 """Combining the scores of several reward callbacks into one reward per sample.
 
-``sum`` (the default): the weighted raw sum ``sum_k w_k r_k``. A sample whose score from any reward is NaN or inf
-is marked invalid: it is left out of the group statistics and the loss, and counted in the logs; it is never
-turned into a zero reward.
+Modes (the method's ``reward_aggregation`` option):
+
+- ``sum`` (the default): the weighted raw sum ``sum_k w_k r_k``.
+- ``advantage_sum``: each reward normalised within its group, ``(r_k - mean_g(r_k)) / (std_g(r_k) + eps)``, then
+  the weighted sum; rewards on different scales then weigh by ``w_k`` alone.
+- ``gdpo``: GDPO (arXiv 2601.05242, Sec. 3): the ``advantage_sum`` value, then normalised over the whole batch,
+  ``(A - mean_batch(A)) / (std_batch(A) + eps)``. Defaults follow the authors' TRL implementation
+  (NVlabs/GDPO ``grpo_trainer.py``): unbiased std (``ddof=1``) and ``eps=1e-4`` at both stages.
+
+The result is the reward the advantage estimator sees: its group mean is already 0 for the two normalising modes,
+so ``gdpo`` with ``advantage: grpo`` and ``advantage_options: {std_scope: none}`` is GDPO exactly.
+
+A sample whose score from any reward is NaN or inf is invalid: it is left out of every statistic here, of the
+group statistics of the estimator and of the loss, and counted in the logs; it is never turned into a zero
+reward. The caller passes the batch gathered from every rank, so statistics are global.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
+
+from flowrl.advantages import group_stats
 
 
 def weighted_sum(scores: dict[str, Tensor], weights: dict[str, float]) -> tuple[Tensor, Tensor]:
@@ -24,4 +40,66 @@ def weighted_sum(scores: dict[str, Tensor], weights: dict[str, float]) -> tuple[
     stacked = torch.stack([scores[name].float() * weights[name] for name in scores])  # [K, B]
     valid = torch.isfinite(stacked).all(dim=0)
     total = torch.where(valid, stacked.sum(dim=0), torch.zeros_like(stacked[0]))
+    return total, valid
+
+
+def group_normalized(x: Tensor, group_ids: Tensor, eps: float = 1e-4, ddof: int = 1) -> Tensor:
+    """``(x - mean_g) / (std_g + eps)`` per group ``[B]``; a group of ``<= ddof`` rows gets 0.
+
+    >>> group_normalized(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 1]), eps=0.0, ddof=0).tolist()
+    [-1.0, 1.0, 0.0]
+    """
+    mean, std, _ = group_stats(x.float(), group_ids, ddof=ddof)
+    return (x.float() - mean) / (std + eps) if eps > 0 else torch.where(std > 0, (x - mean) / std, 0.0)
+
+
+def advantage_sum(scores: dict[str, Tensor], weights: dict[str, float], group_ids: Tensor, eps: float = 1e-4,
+                  ddof: int = 1) -> Tensor:
+    """``sum_k w_k * group_normalized(r_k)`` ``[B]`` over valid (finite) rows only."""
+    return torch.stack([weights[n] * group_normalized(s, group_ids, eps, ddof) for n, s in scores.items()]).sum(0)
+
+
+def gdpo(scores: dict[str, Tensor], weights: dict[str, float], group_ids: Tensor, eps: float = 1e-4,
+         ddof: int = 1) -> Tensor:
+    """GDPO: ``advantage_sum`` then batch normalisation ``(A - mean(A)) / (std(A) + eps)`` ``[B]``.
+
+    >>> out = gdpo({"a": torch.tensor([0.0, 2.0, 0.0, 4.0])}, {"a": 1.0}, torch.tensor([0, 0, 1, 1]), eps=0.0)
+    >>> [round(v, 4) for v in out.tolist()]
+    [-0.866, 0.866, -0.866, 0.866]
+    """
+    total = advantage_sum(scores, weights, group_ids, eps, ddof)
+    std = total.std(correction=ddof) if total.numel() > ddof else total.new_zeros(())
+    return (total - total.mean()) / (std + eps) if eps > 0 or std > 0 else total - total.mean()
+
+
+AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
+    "sum": lambda scores, weights, group_ids, **_: weighted_sum(scores, weights)[0],
+    "advantage_sum": advantage_sum,
+    "gdpo": gdpo,
+}
+
+
+def aggregate(mode: str, scores: dict[str, Tensor], weights: dict[str, float], group_ids: Tensor,
+              **options) -> tuple[Tensor, Tensor]:
+    """The reward ``[B]`` of aggregation ``mode`` and validity ``[B]`` bool; invalid rows hold 0.
+
+    Args:
+        mode: ``sum``, ``advantage_sum`` or ``gdpo``.
+        scores: ``{name: [B]}`` raw scores of every reward (the batch gathered from every rank).
+        weights: ``{name: w}``. group_ids: ``[B]`` long.
+        options: ``eps`` and ``ddof`` of the normalising modes.
+    Raises:
+        ValueError: unknown mode, or every sample has a non-finite score (names the rewards at fault).
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"reward_aggregation={mode!r}; choose one of {sorted(AGGREGATIONS)}")
+    _, valid = weighted_sum(scores, weights)
+    if not valid.any():
+        bad = [n for n, s in scores.items() if not torch.isfinite(s).any()] or [
+            n for n, s in scores.items() if not torch.isfinite(s).all()]
+        raise ValueError(f"every sample of the batch got a non-finite score (NaN/inf) from reward(s) {bad}; "
+                         "check those reward callbacks (or their server)")
+    kept = {name: s.float()[valid] for name, s in scores.items()}
+    total = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+    total[valid] = AGGREGATIONS[mode](kept, weights, group_ids[valid], **options)
     return total, valid
