@@ -26,6 +26,28 @@ from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
 from flowrl.sampling.steps import STEPS, get_step
 
 
+def resolved_loss_options(loss: str, clip_range: float, loss_options: Optional[dict] = None) -> dict[str, Any]:
+    """The policy loss's options: ``clip_range`` is its ``clip_low`` (where it has one) unless ``loss_options`` says.
+
+    >>> resolved_loss_options("vanilla", 1e-4, {"clip_high": 2e-4})
+    {'clip_low': 0.0001, 'clip_high': 0.0002}
+    """
+    base = {"clip_low": clip_range} if "clip_low" in losses.policy_loss_options(loss) else {}
+    return {**base, **(loss_options or {})}
+
+
+def loss_problems(loss: str = "vanilla", loss_options: Optional[dict] = None, clip_range: float = 1e-4,
+                  **_: Any) -> list[str]:
+    """Problems with ``model.loss`` and ``model.loss_options`` (checked before any weight loads)."""
+    if loss not in losses.available_policy_losses():
+        return [f"model.loss={loss!r}: choose a policy loss from {losses.available_policy_losses()}"]
+    try:
+        losses.check_policy_loss(loss, **resolved_loss_options(loss, clip_range, loss_options))
+    except ValueError as err:
+        return [f"model.loss_options: {err}"]
+    return []
+
+
 def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_fraction: float = 0.99,
                     num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                     advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict] = None,
@@ -43,6 +65,7 @@ def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_
         adv_lib.resolve(advantage, **(advantage_options or {}))
     except ValueError as err:
         problems.append(f"model.advantage: {err}")
+    problems += loss_problems(**_)
     return problems
 
 
@@ -56,7 +79,11 @@ class GRPOLoop(LightningModule):
         step_kind: SDE step (``flow_grpo``, ``cps``, ``dance``). noise_level: its noise scale ``a``.
         timestep_fraction: train the stochastic steps among the first ``floor(T * fraction)``.
         advantage: estimator or preset of ``flowrl.advantages``; advantage_options override its options.
-        clip_range: PPO ratio clip ``epsilon``. beta: KL coefficient to the reference policy (0 disables).
+        clip_range: PPO ratio clip ``epsilon`` (the loss's ``clip_low``). beta: KL coefficient to the reference
+            policy (0 disables).
+        loss: policy loss of ``flowrl.losses`` (``vanilla``, ``gspo``, ``gpg``, ``cispo``, ``sapo``); loss_options:
+            its options, e.g. ``{clip_high: 2.0e-4, dual_clip: 3.0}``. A sequence-level loss (``gspo``) trains
+            every trained step of a sample in one micro-batch (its ratio is the sample's geometric mean).
         num_inner_epochs: PPO epochs over one rollout batch. num_minibatches: optimizer steps per epoch.
         micro_batch_size: (sample, step) pairs per forward/backward. max_grad_norm: clip (None disables).
         optimizer: e.g. ``{class_path: torch.optim.AdamW, init_args: {lr: 3e-4}}``.
@@ -66,7 +93,8 @@ class GRPOLoop(LightningModule):
     def __init__(self, policy: FlowPolicy, num_steps: int = 10, eval_num_steps: Optional[int] = None,
                  guidance_scale: float = 4.5, step_kind: str = "flow_grpo", noise_level: float = 0.7,
                  timestep_fraction: float = 0.99, advantage: str = "grpo@flow_grpo",
-                 advantage_options: Optional[dict[str, Any]] = None, clip_range: float = 1e-4, beta: float = 0.0,
+                 advantage_options: Optional[dict[str, Any]] = None, clip_range: float = 1e-4,
+                 loss: str = "vanilla", loss_options: Optional[dict[str, Any]] = None, beta: float = 0.0,
                  num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                  max_grad_norm: Optional[float] = 1.0, optimizer: OptimizerCallable = torch.optim.AdamW,
                  seed: int = 0):
@@ -75,6 +103,7 @@ class GRPOLoop(LightningModule):
                                    num_inner_epochs=num_inner_epochs, num_minibatches=num_minibatches,
                                    micro_batch_size=micro_batch_size, advantage=advantage,
                                    advantage_options=advantage_options)
+        problems += loss_problems(loss=loss, loss_options=loss_options, clip_range=clip_range)
         if problems:
             raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
         self.automatic_optimization = False
@@ -83,6 +112,7 @@ class GRPOLoop(LightningModule):
         self.guidance_scale, self.step_kind, self.noise_level = guidance_scale, step_kind, noise_level
         self.timestep_fraction, self.clip_range, self.beta = timestep_fraction, clip_range, beta
         self.advantage, self.advantage_options = advantage, dict(advantage_options or {})
+        self.loss, self.loss_options = loss, resolved_loss_options(loss, clip_range, loss_options)
         self.num_inner_epochs, self.num_minibatches = num_inner_epochs, num_minibatches
         self.micro_batch_size, self.max_grad_norm = micro_batch_size, max_grad_norm
         self.optimizer_factory, self.seed = optimizer, seed
@@ -178,16 +208,18 @@ class GRPOLoop(LightningModule):
         pairs = rollout.train_mask.nonzero()  # [P, 2] (sample, step)
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)
         sums: dict[str, float] = {}
+        extremes = {"ratio_min": float("inf"), "ratio_max": float("-inf")}
         grad_norms: list[float] = []
         for _ in range(self.num_inner_epochs):
-            shuffled = pairs[torch.randperm(len(pairs), generator=gen).to(pairs.device)]
-            for minibatch in shuffled.chunk(self.num_minibatches):
-                micro = minibatch.split(self.micro_batch_size)
+            for micro in self.micro_batches(pairs, gen):
+                size = sum(len(chunk) for chunk in micro)
                 for i, chunk in enumerate(micro):
                     last = i == len(micro) - 1
                     with nullcontext() if last else self._no_sync():
                         loss, stats = self.pair_loss(rollout, cond, advantages, weights, chunk)
-                        self.manual_backward(loss * len(chunk) / len(minibatch))
+                        self.manual_backward(loss * len(chunk) / size)
+                    extremes["ratio_min"] = min(extremes["ratio_min"], stats.pop("ratio_min"))
+                    extremes["ratio_max"] = max(extremes["ratio_max"], stats.pop("ratio_max"))
                     for key, value in stats.items():
                         sums[key] = sums.get(key, 0.0) + value * len(chunk)
                 grad_norms.append(self._grad_norm())
@@ -197,7 +229,32 @@ class GRPOLoop(LightningModule):
                 opt.zero_grad()
         count = max(len(pairs), 1) * self.num_inner_epochs
         out = {key: value / count for key, value in sums.items()}
+        out.update(extremes, ratio_max_dev=max(extremes["ratio_max"] - 1, 1 - extremes["ratio_min"]))
         out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)  # before clipping, mean over optimizer steps
+        return out
+
+    def micro_batches(self, pairs: Tensor, gen: torch.Generator) -> list[list[Tensor]]:
+        """One epoch, shuffled: ``num_minibatches`` lists of micro-batches of (sample, step) pairs ``[P, 2]``.
+
+        Per-position losses shuffle the pairs themselves. A sequence-level loss (``gspo``) needs every trained step
+        of a sample in one micro-batch: samples are shuffled and packed whole, up to ``micro_batch_size`` pairs (a
+        sample with more trained steps than that gets a micro-batch of its own).
+        """
+        if not losses.is_sequence_level(self.loss):
+            shuffled = pairs[torch.randperm(len(pairs), generator=gen).to(pairs.device)]
+            return [list(minibatch.split(self.micro_batch_size)) for minibatch in shuffled.chunk(self.num_minibatches)]
+        samples = pairs[:, 0].unique()
+        order = samples[torch.randperm(len(samples), generator=gen).to(samples.device)]
+        out = []
+        for group in order.chunk(self.num_minibatches):
+            micro, current = [], []
+            for sample_index in group.tolist():
+                rows = pairs[pairs[:, 0] == sample_index]
+                if current and sum(map(len, current)) + len(rows) > self.micro_batch_size:
+                    micro.append(torch.cat(current))
+                    current = []
+                current.append(rows)
+            out.append(micro + [torch.cat(current)] if current else micro)
         return out
 
     def _no_sync(self):
@@ -211,7 +268,11 @@ class GRPOLoop(LightningModule):
 
     def pair_loss(self, rollout: Rollout, cond: Conditioning, advantages: Tensor, weights: Tensor,
                   pairs: Tensor) -> tuple[Tensor, dict[str, float]]:
-        """Mean PPO loss (+ beta KL) over ``pairs [P, 2]`` and its diagnostics."""
+        """Mean policy loss (+ beta KL) over ``pairs [P, 2]`` and its diagnostics.
+
+        The pairs are laid out as ``[R, T]`` rows (one per sample of the micro-batch) for ``flowrl.losses``, so a
+        sequence-level loss sees each sample's trained steps together; the reduction is the weighted mean over pairs.
+        """
         b, k = pairs[:, 0], pairs[:, 1]
         z, z_next = rollout.latents[b, k], rollout.latents[b, k + 1]
         sigma, sigma_next = rollout.sigmas[b, k], rollout.sigmas[b, k + 1]
@@ -219,13 +280,15 @@ class GRPOLoop(LightningModule):
         step, sub = get_step(self.step_kind), cond.select(b)
         out = step(z, self.policy.velocity(z, sigma, sub, self.guidance_scale), sigma, sigma_next,
                    z_next=z_next, noise_level=levels)
-        loss, stats = losses.vanilla(out.log_prob[:, None], rollout.log_probs[b, k][:, None],
-                                     advantages[b, k][:, None], clip_low=self.clip_range)
+        samples, row = b.unique(return_inverse=True)
+        shape = (len(samples), rollout.num_steps)
+        as_rows = lambda x: x.new_zeros(shape).index_put((row, k), x)  # noqa: E731  [P] -> [R, T]
+        loss, stats = losses.policy_loss(self.loss, as_rows(out.log_prob), as_rows(rollout.log_probs[b, k]),
+                                         as_rows(advantages[b, k]), as_rows(torch.ones_like(b, dtype=torch.bool)),
+                                         **self.loss_options)
         w = weights[b, k]  # [P]
-        per_pair = loss[:, 0]
-        metrics = {"clip_frac": stats["clip_frac"].mean().item(), "approx_kl": stats["approx_kl"].mean().item(),
-                   "ratio_mean": stats["ratio"].mean().item(),
-                   "ratio_max_dev": (stats["ratio"] - 1).abs().max().item()}
+        per_pair = loss[row, k]  # [P]
+        metrics = {key: value.item() for key, value in stats.items()}
         if self.beta > 0:
             with torch.no_grad(), self.policy.reference():
                 ref_v = self.policy.velocity(z, sigma, sub, self.guidance_scale)

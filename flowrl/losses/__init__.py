@@ -1,0 +1,18 @@
+"""Policy losses, loss aggregation and KL terms shared by LLM tokens and denoising steps (pure tensor functions).
+
+``policy_loss(name, log_prob, old_log_prob, advantages, mask, **options) -> (loss [B, T], metrics)``, then
+``aggregate(loss, mask, mode)``; ``kl(name, log_prob, ref_log_prob)`` for sampled actions and
+``gaussian_mean_kl`` for SDE transition kernels; ``entropy_from_logits`` for categorical policies.
+"""
+
+from flowrl.losses.aggregate import AGGREGATIONS, aggregate
+from flowrl.losses.entropy import entropy_from_logits
+from flowrl.losses.kl import KL_ESTIMATORS, gaussian_mean_kl, kl
+from flowrl.losses.policy import (available_policy_losses, check_policy_loss, cispo, gpg, gspo, is_sequence_level,
+                                  policy_loss, policy_loss_options, register_policy_loss, sapo, vanilla)
+
+__all__ = [
+    "AGGREGATIONS", "KL_ESTIMATORS", "aggregate", "available_policy_losses", "check_policy_loss", "cispo",
+    "entropy_from_logits", "gaussian_mean_kl", "gpg", "gspo", "is_sequence_level", "kl", "policy_loss",
+    "policy_loss_options", "register_policy_loss", "sapo", "vanilla",
+]
