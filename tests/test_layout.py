@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE = ["flowrl/advantages.py", "flowrl/losses", "flowrl/sampling", "flowrl/digit_canvas.py"]
+PURE = ["flowrl/advantages", "flowrl/losses", "flowrl/sampling", "flowrl/digit_canvas.py"]
 
 
 def imported_roots(path: Path) -> set[str]:

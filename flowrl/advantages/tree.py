@@ -1,0 +1,103 @@
+"""Tree advantages for branched rollouts (TreeRPO arXiv 2506.05183, SPO arXiv 2505.23564, BranchGRPO,
+Dynamic-TreeRPO): each row is one root-to-leaf path, ``step_group_ids[i, t]`` names the tree node row i is at on
+step t (scoped within the row's group), and a node's value is the mean outcome of the leaves below it.
+
+Notation: a node is a maximal run of equal ids in a row (a segment); its parent is the row's previous node (the
+group's root for the first); its depth is the number of nodes before it on the path.
+``V(n) = mean_{i through n} s_i``; the advantage of every position at node n is ``V(n)`` normalised among
+``siblings`` (nodes with the same parent: TreeRPO, SPO with ``std_scope="none"`` gives ``V(child) - V(parent)``)
+or among all nodes of the group at the same ``depth`` (BranchGRPO's depth-wise normalisation).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from flowrl.advantages.primitives import group_index, normalize, scores
+from flowrl.advantages.registry import register
+
+
+def tree_nodes(mask: Tensor, group_ids: Tensor, step_group_ids: Tensor) -> dict[str, Tensor]:
+    """The tree behind ``step_group_ids``: per valid position its node, per node its parent, depth and group.
+
+    Args:
+        mask: ``[B, T]`` bool. group_ids: ``[B]``. step_group_ids: ``[B, T]`` int node ids, ``>= 0`` where valid.
+    Returns:
+        ``rows``, ``steps``, ``node`` ``[N]`` (N valid positions, row-major) and ``parent`` (-1: the root),
+        ``depth``, ``group`` ``[K]`` (K nodes).
+    Raises:
+        ValueError: a valid position without a node id, or ids that do not form a tree (a node reached from two
+        different parents, e.g. the same id reused on two branches).
+
+    >>> ids = torch.tensor([[0, 1], [0, 2]])  # a shared first step, then two leaves
+    >>> t = tree_nodes(torch.ones(2, 2, dtype=torch.bool), torch.zeros(2).long(), ids)
+    >>> t["node"].tolist(), t["parent"].tolist(), t["depth"].tolist()
+    ([0, 1, 0, 2], [-1, 0, 0], [0, 1, 1])
+    """
+    rows, steps = mask.nonzero(as_tuple=True)
+    ids = step_group_ids[rows, steps]
+    if (ids < 0).any():
+        raise ValueError("tree needs a node id >= 0 in step_group_ids at every valid position")
+    node, k = group_index(torch.stack([group_ids[rows], ids], dim=1))
+    new_row = torch.ones_like(rows, dtype=torch.bool)
+    new_row[1:] = rows[1:] != rows[:-1]
+    starts = new_row.clone()
+    starts[1:] |= node[1:] != node[:-1]
+    seg_node, seg_new_row = node[starts], new_row[starts]  # one entry per segment (a node on a row's path)
+    seg_parent = torch.where(seg_new_row, -1, seg_node.roll(1))
+    index = torch.arange(len(seg_node), device=rows.device)
+    seg_depth = index - torch.cummax(torch.where(seg_new_row, index, 0), 0).values
+    parent = _node_attr(seg_parent, seg_node, k, "parent")
+    depth = _node_attr(seg_depth, seg_node, k, "depth")
+    group = torch.zeros(k, dtype=group_ids.dtype, device=rows.device).index_copy_(0, node, group_ids[rows])
+    return {"rows": rows, "steps": steps, "node": node, "parent": parent, "depth": depth, "group": group}
+
+
+def _node_attr(values: Tensor, nodes: Tensor, k: int, what: str) -> Tensor:
+    """A per-node attribute from its segments; all segments of a node must agree."""
+    high = torch.zeros(k, dtype=values.dtype, device=values.device).scatter_reduce_(0, nodes, values, "amax",
+                                                                                  include_self=False)
+    low = torch.zeros_like(high).scatter_reduce_(0, nodes, values, "amin", include_self=False)
+    if (high != low).any():
+        bad = int(torch.nonzero(high != low)[0])
+        raise ValueError(f"step_group_ids do not form a tree: node #{bad} has more than one {what}; give every "
+                         "branch its own node ids")
+    return high
+
+
+@register("tree")
+def tree(rewards: Tensor, mask: Tensor, group_ids: Tensor, *, step_group_ids: Tensor, among: str = "depth",
+         eps: float = 1e-6, ddof: int = 1, std_scope: str = "group", singleton: str = "zero") -> Tensor:
+    """Node-value advantage: ``A[i, t] = (V(n) - mean V(n')) / (std + eps)`` over the nodes ``n'`` compared to n.
+
+    Args:
+        step_group_ids: ``[B, T]`` int tree node of each position (within its group).
+        among: ``depth`` (all nodes of the group at n's depth) or ``siblings`` (nodes sharing n's parent).
+        std_scope: ``group`` (the compared nodes), ``batch`` (all nodes at n's depth in the batch), ``global``
+            (all nodes), ``none`` (``V(n) - mean``: SPO's value difference). Means and stds count each node once.
+        singleton: what a node with nothing to compare to gets (an unbranched shared prefix; an only child):
+            ``zero`` (default: it carries no relative information) or ``raw``. Other options as ``grpo``.
+
+    Without branching (every row has its own nodes) and ``among="depth"`` this is GRPO at every step.
+
+    >>> ids = torch.tensor([[0, 1], [0, 1], [0, 2], [0, 2]])  # shared root step, two branches of two leaves
+    >>> r = torch.tensor([[0.0, 1.0], [0.0, 3.0], [0.0, 4.0], [0.0, 8.0]]); m = torch.ones(4, 2, dtype=torch.bool)
+    >>> tree(r, m, torch.zeros(4).long(), step_group_ids=ids, eps=0.0, ddof=0).tolist()  # V = 2 and 6
+    [[0.0, -1.0], [0.0, -1.0], [0.0, 1.0], [0.0, 1.0]]
+    """
+    nodes = tree_nodes(mask, group_ids, step_group_ids)
+    s = scores(rewards, mask)
+    # each row counts once per node, however many steps it spends there
+    pairs = torch.unique(torch.stack([nodes["node"], nodes["rows"]], dim=1), dim=0)
+    k = nodes["parent"].shape[0]
+    total = torch.zeros(k, dtype=s.dtype, device=s.device).index_add_(0, pairs[:, 0], s[pairs[:, 1]])
+    count = torch.zeros_like(total).index_add_(0, pairs[:, 0], torch.ones_like(s[pairs[:, 1]]))
+    value = total / count  # [K]
+    # the root parent (-1) is shared by every group, hence the group in the key
+    keys = torch.stack([nodes["group"], nodes["parent" if among == "siblings" else "depth"]], dim=1)
+    adv = normalize(value, keys, std_scope=std_scope, eps=eps, ddof=ddof, singleton=singleton,
+                    batch_keys=nodes["depth"])
+    out = torch.zeros(mask.shape, dtype=adv.dtype, device=adv.device)
+    out[nodes["rows"], nodes["steps"]] = adv[nodes["node"]]
+    return out
