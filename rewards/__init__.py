@@ -2,8 +2,9 @@
 
 from flowrl.rewards.base import ModelReward, RewardCallback, reward_callbacks
 from flowrl.rewards.digit_alignment import DigitAlignment
+from flowrl.rewards.image_reward import ImageReward
 from flowrl.rewards.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
 from flowrl.rewards.ocr import OcrReward
 
-__all__ = ["DigitAlignment", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "OcrReward", "RewardCallback", "jpeg_size_kb",
+__all__ = ["DigitAlignment", "ImageReward", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "OcrReward", "RewardCallback", "jpeg_size_kb",
            "reward_callbacks"]
