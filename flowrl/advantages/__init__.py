@@ -35,7 +35,7 @@ from flowrl.advantages.primitives import (discounted_returns, generalized_advant
 from flowrl.advantages.registry import PRESETS, available, compute, register, resolve
 from flowrl.advantages.returns import gae, reinforce_plus_plus, reinforce_plus_plus_baseline, remax
 from flowrl.advantages.step import gigpo, prime, step_grpo, stratified_grpo
-from flowrl.advantages.tree import tree, tree_nodes
+from flowrl.advantages.trees import tree, tree_nodes
 
 __all__ = [
     "PRESETS", "available", "compute", "register", "resolve",
