@@ -50,7 +50,8 @@ def group_normalized(x: Tensor, group_ids: Tensor, eps: float = 1e-4, ddof: int 
     [-1.0, 1.0, 0.0]
     """
     mean, std, _ = group_stats(x.float(), group_ids, ddof=ddof)
-    return (x.float() - mean) / (std + eps) if eps > 0 else torch.where(std > 0, (x - mean) / std, 0.0)
+    out = (x - mean) / (std + eps) if eps > 0 else torch.where(std > 0, (x - mean) / std, 0.0)
+    return out.float()
 
 
 def advantage_sum(scores: dict[str, Tensor], weights: dict[str, float], group_ids: Tensor, eps: float = 1e-4,
@@ -101,5 +102,5 @@ def aggregate(mode: str, scores: dict[str, Tensor], weights: dict[str, float], g
                          "check those reward callbacks (or their server)")
     kept = {name: s.float()[valid] for name, s in scores.items()}
     total = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
-    total[valid] = AGGREGATIONS[mode](kept, weights, group_ids[valid], **options)
+    total[valid] = AGGREGATIONS[mode](kept, weights, group_ids[valid], **options).float()
     return total, valid

@@ -8,6 +8,7 @@ weighted scores; swapping a reward is a config edit. Scoring runs in chunks of `
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any, Optional
 
 import torch
@@ -44,6 +45,14 @@ class RewardCallback(Callback):
         out = [self._score(images[s:s + self.batch_size], prompts[s:s + self.batch_size], metadata)
                for s in range(0, len(prompts), self.batch_size)]
         return torch.cat(out).float().to(images.device)
+
+    def submit(self, images: Tensor, prompts: list[str], metadata: Optional[dict[str, Any]] = None) -> Future:
+        """Start scoring and return a ``Future`` of the scores ``[B]``. The loop submits each sampling chunk as
+        soon as its images exist; this default scores now, a remote reward overrides it to score in the background
+        while the next chunk is sampled."""
+        future: Future = Future()
+        future.set_result(self.score(images, prompts, metadata))
+        return future
 
     def _score(self, images: Tensor, prompts: list[str], metadata: dict[str, Any]) -> Tensor:
         raise NotImplementedError

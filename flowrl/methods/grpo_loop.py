@@ -20,7 +20,7 @@ from torch import Tensor
 from flowrl import advantages as adv_lib
 from flowrl import losses
 from flowrl.policies.base import Conditioning, FlowPolicy
-from flowrl.rewards.aggregate import weighted_sum
+from flowrl.rewards.aggregate import AGGREGATIONS, aggregate, weighted_sum
 from flowrl.rewards.base import reward_callbacks
 from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
 from flowrl.sampling.steps import STEPS, get_step
@@ -51,6 +51,7 @@ def loss_problems(loss: str = "vanilla", loss_options: Optional[dict] = None, cl
 def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_fraction: float = 0.99,
                     num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                     advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict] = None,
+                    reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None,
                     **_: Any) -> list[str]:
     """Problems with the loop's options, each naming the key and the fix (checked before any weight loads)."""
     problems = []
@@ -66,6 +67,10 @@ def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_
     except ValueError as err:
         problems.append(f"model.advantage: {err}")
     problems += loss_problems(**_)
+    if reward_aggregation not in AGGREGATIONS:
+        problems.append(f"model.reward_aggregation={reward_aggregation!r}: choose one of {sorted(AGGREGATIONS)}")
+    if sample_chunk_size is not None and sample_chunk_size < 1:
+        problems.append(f"model.sample_chunk_size={sample_chunk_size} must be >= 1 (or null: the whole batch at once)")
     return problems
 
 
@@ -88,6 +93,11 @@ class GRPOLoop(LightningModule):
         micro_batch_size: (sample, step) pairs per forward/backward. max_grad_norm: clip (None disables).
         optimizer: e.g. ``{class_path: torch.optim.AdamW, init_args: {lr: 3e-4}}``.
         seed: seeds the shuffling of training pairs.
+        reward_aggregation: how the rewards combine (``flowrl.rewards.aggregate``): ``sum`` (weighted raw sum),
+            ``advantage_sum`` (each normalised within its group, then weighted) or ``gdpo`` (then batch-normalised).
+        sample_chunk_size: sample the batch in chunks of this many trajectories, submitting each chunk's images
+            for scoring as soon as they exist (a ``RemoteReward`` with ``overlap`` scores them while the next chunk
+            samples); results do not depend on it. None: one chunk.
     """
 
     def __init__(self, policy: FlowPolicy, num_steps: int = 10, eval_num_steps: Optional[int] = None,
@@ -97,12 +107,13 @@ class GRPOLoop(LightningModule):
                  loss: str = "vanilla", loss_options: Optional[dict[str, Any]] = None, beta: float = 0.0,
                  num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                  max_grad_norm: Optional[float] = 1.0, optimizer: OptimizerCallable = torch.optim.AdamW,
-                 seed: int = 0):
+                 seed: int = 0, reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None):
         super().__init__()
         problems = option_problems(num_steps=num_steps, step_kind=step_kind, timestep_fraction=timestep_fraction,
                                    num_inner_epochs=num_inner_epochs, num_minibatches=num_minibatches,
                                    micro_batch_size=micro_batch_size, advantage=advantage,
-                                   advantage_options=advantage_options)
+                                   advantage_options=advantage_options, reward_aggregation=reward_aggregation,
+                                   sample_chunk_size=sample_chunk_size)
         problems += loss_problems(loss=loss, loss_options=loss_options, clip_range=clip_range)
         if problems:
             raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
@@ -116,6 +127,7 @@ class GRPOLoop(LightningModule):
         self.num_inner_epochs, self.num_minibatches = num_inner_epochs, num_minibatches
         self.micro_batch_size, self.max_grad_norm = micro_batch_size, max_grad_norm
         self.optimizer_factory, self.seed = optimizer, seed
+        self.reward_aggregation, self.sample_chunk_size = reward_aggregation, sample_chunk_size
         if beta > 0:
             policy.setup_reference()
 
@@ -172,18 +184,43 @@ class GRPOLoop(LightningModule):
         self.policy.eval()  # no dropout: sampling and training must see the same network
         with torch.no_grad():
             cond = self.policy.encode(batch["prompts"])
-            rollout = self.rollout(batch, cond)
-            rollout.images = self.policy.decode(rollout.latents[:, -1])
-            rollout.rewards = self.score(rollout.images, rollout.prompts, {"group_ids": rollout.group_ids})
+            rollout = self.rollout_and_score(batch, cond)
         sampling_s = time.perf_counter() - started
         weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
-        total, valid = weighted_sum(rollout.rewards, weights)
+        raw_total, _ = weighted_sum(rollout.rewards, weights)
+        total, valid = self.aggregate_rewards(rollout, weights)
         advantages = self._global_advantages(rollout, total, valid)
         loss_weights = self.loss_weights(rollout) * valid[:, None]
         metrics = self.update(rollout, cond, advantages, loss_weights)
-        self._log_step(rollout, total, valid, advantages, metrics, sampling_s)
+        self._log_step(rollout, raw_total, valid, advantages, metrics, sampling_s)
         return {"images": rollout.images, "prompts": rollout.prompts, "rewards": total, "seeds": rollout.seeds,
-                "group_ids": rollout.group_ids, "advantages": advantages}
+                "group_ids": rollout.group_ids, "advantages": advantages, "scores": rollout.rewards}
+
+    def rollout_and_score(self, batch: dict, cond: Conditioning) -> Rollout:
+        """The rollout with its images and every reward's scores, sampled ``sample_chunk_size`` rows at a time; each
+        chunk is submitted for scoring (``RewardCallback.submit``) before the next one samples."""
+        rewards, size = reward_callbacks(self.trainer.callbacks), len(batch["prompts"])
+        parts, pending = [], []
+        for start in range(0, size, self.sample_chunk_size or size):
+            rows = range(start, min(start + (self.sample_chunk_size or size), size))
+            chunk = {k: v[rows.start:rows.stop] if isinstance(v, (list, Tensor)) else v for k, v in batch.items()}
+            part = self.rollout(chunk, cond.select(rows) if len(rows) < size else cond)
+            part.images = self.policy.decode(part.latents[:, -1])
+            meta = {"group_ids": part.group_ids, "seeds": part.seeds}
+            pending.append({r.name: r.submit(part.images, part.prompts, meta) for r in rewards})
+            parts.append(part)
+        rollout = Rollout.cat(parts) if len(parts) > 1 else parts[0]
+        rollout.rewards = {r.name: torch.cat([p[r.name].result() for p in pending]) for r in rewards}
+        return rollout
+
+    def aggregate_rewards(self, rollout: Rollout, weights: dict[str, float]) -> tuple[Tensor, Tensor]:
+        """This rank's aggregated reward ``[B]`` and validity ``[B]``, normalised over the gathered batch."""
+        scores = {name: self._gather(s) for name, s in rollout.rewards.items()}
+        total, valid = aggregate(self.reward_aggregation, scores, weights, self._gather(rollout.group_ids))
+        rank, local = self.trainer.global_rank, rollout.group_ids.shape[0]
+        if self.trainer.world_size > 1:
+            total, valid = total[rank * local:(rank + 1) * local], valid[rank * local:(rank + 1) * local]
+        return total, valid
 
     def _gather(self, x: Tensor) -> Tensor:
         return self.all_gather(x).flatten(0, 1) if self.trainer.world_size > 1 else x

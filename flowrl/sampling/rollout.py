@@ -7,7 +7,7 @@ it runs on or the device's batch kernels' draw order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -46,6 +46,18 @@ class Rollout:
     @property
     def num_steps(self) -> int:
         return self.log_probs.shape[1]
+
+    @classmethod
+    def cat(cls, parts: Sequence["Rollout"]) -> "Rollout":
+        """The rollouts of consecutive chunks of a batch as one (rows concatenated in order)."""
+        def join(values):
+            if values[0] is None or isinstance(values[0], int):
+                return values[0]
+            if isinstance(values[0], dict):
+                return {key: torch.cat([v[key] for v in values]) for key in values[0]}
+            return torch.cat(values) if torch.is_tensor(values[0]) else [x for v in values for x in v]
+
+        return cls(**{f.name: join([getattr(p, f.name) for p in parts]) for f in fields(cls)})
 
 
 def seeded_noise(seeds: Tensor, shape: Sequence[int], draws: int, device: torch.device | str = "cpu") -> Tensor:
