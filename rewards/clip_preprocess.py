@@ -5,8 +5,9 @@ kernel, horizontal pass then vertical pass, each rounded back to 8 bits), a crop
 mean/std. Rollout images are float tensors ``[B, 3, H, W]`` in ``[0, 1]`` already on the trainer's device, so this
 module replays those steps with ``torch`` instead of a round trip through PIL: quantise to 8-bit values, resize each
 axis with ``F.interpolate(mode="bicubic", antialias=True)`` (the same ``a = -0.5`` kernel as PIL) rounding after each
-pass, then crop or pad and normalise. Against ``CLIPImageProcessor`` on the PIL image, the output is equal on more
-than 99.9% of values and off by one 8-bit level elsewhere (PIL uses fixed-point weights).
+pass, then crop or pad and normalise. Against ``CLIPImageProcessor`` on the PIL image, the output is equal on
+99.8-100% of values (measured on noise images) and one 8-bit level off elsewhere: values within ~0.002 of a rounding
+boundary, where PIL's 22-bit fixed-point weights and float32 round to different sides.
 
 Two layouts are published:
 
@@ -103,8 +104,8 @@ class ClipPreprocess:
             raise ValueError(f"expected images [B, 3, H, W] in [0, 1]; got {tuple(images.shape)}")
         pixels = quantize(images)  # [B, 3, H, W], 8-bit values as float32
         pixels = self._crop(pixels) if self.layout == "crop" else self._pad(pixels)
-        mean = torch.tensor(self.mean, device=pixels.device).view(1, 3, 1, 1)
-        std = torch.tensor(self.std, device=pixels.device).view(1, 3, 1, 1)
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
         return (pixels * (1 / 255) - mean) / std
 
     def _crop(self, pixels: Tensor) -> Tensor:
