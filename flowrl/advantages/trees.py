@@ -79,7 +79,8 @@ def tree(rewards: Tensor, mask: Tensor, group_ids: Tensor, *, step_group_ids: Te
         singleton: what a node with nothing to compare to gets (an unbranched shared prefix; an only child):
             ``zero`` (default: it carries no relative information) or ``raw``. Other options as ``grpo``.
 
-    Without branching (every row has its own nodes) and ``among="depth"`` this is GRPO at every step.
+    Without branching (every row its own nodes, rows of equal length) and ``among="depth"`` this is GRPO at every
+    step.
 
     >>> ids = torch.tensor([[0, 1], [0, 1], [0, 2], [0, 2]])  # shared root step, two branches of two leaves
     >>> r = torch.tensor([[0.0, 1.0], [0.0, 3.0], [0.0, 4.0], [0.0, 8.0]]); m = torch.ones(4, 2, dtype=torch.bool)
