@@ -4,10 +4,16 @@
 :class:`RewardCallback` on ``trainer.callbacks``, scores each rollout with all of them, logs each, and sums the
 weighted scores; swapping a reward is a config edit. Scoring runs in chunks of ``batch_size`` under
 ``torch.no_grad()``. Models load in ``setup`` on the trainer's device.
+
+On any other LightningModule, a reward callback scores what ``validation_step`` returns when that is a dict with
+``images`` ``[B, 3, H, W]`` in ``[0, 1]`` and ``prompts`` (optionally ``metadata``), and logs the epoch mean as
+``val/<name>`` (a torchmetrics ``MeanMetric``, synced over ranks). Modules that score rewards themselves (flowrl's
+methods) set ``scores_own_rewards = True`` and are left alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, Optional
 
@@ -56,6 +62,26 @@ class RewardCallback(Callback):
 
     def _score(self, images: Tensor, prompts: list[str], metadata: dict[str, Any]) -> Tensor:
         raise NotImplementedError
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._val_mean = None
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """Score ``outputs["images"]`` / ``outputs["prompts"]`` of a module's ``validation_step``."""
+        if getattr(pl_module, "scores_own_rewards", False) or not isinstance(outputs, Mapping) or not {
+                "images", "prompts"} <= set(outputs):
+            return
+        from torchmetrics import MeanMetric
+
+        if getattr(self, "_val_mean", None) is None:
+            self._val_mean = MeanMetric(nan_strategy="ignore").to(pl_module.device)
+        scores = self.score(outputs["images"], list(outputs["prompts"]), outputs.get("metadata"))
+        self._val_mean.update(scores.masked_fill(~torch.isfinite(scores), torch.nan))
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if getattr(self, "_val_mean", None) is not None:
+            pl_module.log(f"val/{self.name}", self._val_mean.compute())
+            self._val_mean = None
 
 
 class ModelReward(RewardCallback):

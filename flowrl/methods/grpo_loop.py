@@ -100,6 +100,8 @@ class GRPOLoop(LightningModule):
             samples); results do not depend on it. None: one chunk.
     """
 
+    scores_own_rewards = True  # reward callbacks must not score validation outputs a second time
+
     def __init__(self, policy: FlowPolicy, num_steps: int = 10, eval_num_steps: Optional[int] = None,
                  guidance_scale: float = 4.5, step_kind: str = "flow_grpo", noise_level: float = 0.7,
                  timestep_fraction: float = 0.99, advantage: str = "grpo@flow_grpo",
