@@ -5,6 +5,7 @@ from flowrl.rewards.digit_alignment import DigitAlignment
 from flowrl.rewards.image_reward import ImageReward
 from flowrl.rewards.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
 from flowrl.rewards.ocr import OcrReward
+from flowrl.rewards.vlm_judge import VlmJudge
 
-__all__ = ["DigitAlignment", "ImageReward", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "OcrReward", "RewardCallback", "jpeg_size_kb",
+__all__ = ["DigitAlignment", "ImageReward", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "OcrReward", "RewardCallback", "VlmJudge", "jpeg_size_kb",
            "reward_callbacks"]
