@@ -61,12 +61,17 @@ def verl_grpo(rewards, mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
     return scores.unsqueeze(-1) * mask
 
 
-def verl_rloo(rewards, mask, index):
-    scores = rewards.sum(dim=-1)
+def verl_group_means(scores, index):
+    """verl's id2score / id2mean dictionaries (a singleton's mean is 0)."""
     id2score = defaultdict(list)
     for i in range(len(scores)):
         id2score[int(index[i])].append(scores[i])
-    id2mean = {k: torch.tensor(0.0) if len(v) == 1 else torch.mean(torch.stack(v)) for k, v in id2score.items()}
+    return id2score, {k: torch.tensor(0.0) if len(v) == 1 else torch.mean(torch.stack(v)) for k, v in id2score.items()}
+
+
+def verl_rloo(rewards, mask, index):
+    scores = rewards.sum(dim=-1)
+    id2score, id2mean = verl_group_means(scores, index)
     for i in range(len(scores)):
         n = len(id2score[int(index[i])])
         if n > 1:
@@ -94,10 +99,7 @@ def verl_opo(rewards, mask, index):
 def verl_gpg(rewards, mask, index):
     scores = rewards.sum(dim=-1)
     alpha = len(scores) / torch.count_nonzero(scores).clamp(min=1)
-    id2score = defaultdict(list)
-    for i in range(len(scores)):
-        id2score[int(index[i])].append(scores[i])
-    id2mean = {k: torch.tensor(0.0) if len(v) == 1 else torch.mean(torch.stack(v)) for k, v in id2score.items()}
+    id2score, id2mean = verl_group_means(scores, index)
     for i in range(len(scores)):
         scores[i] = alpha * (scores[i] - id2mean[int(index[i])]) / 1.0
     return scores.unsqueeze(-1) * mask
@@ -119,10 +121,7 @@ def verl_grpo_passk(rewards, mask, index, epsilon=1e-6):
 
 def verl_rf_pp_baseline(rewards, mask, index):
     scores = rewards.sum(dim=-1)
-    id2score = defaultdict(list)
-    for i in range(len(scores)):
-        id2score[int(index[i])].append(scores[i])
-    id2mean = {k: torch.tensor(0.0) if len(v) == 1 else torch.mean(torch.stack(v)) for k, v in id2score.items()}
+    id2score, id2mean = verl_group_means(scores, index)
     for i in range(len(scores)):
         scores[i] = scores[i] - id2mean[int(index[i])]
     scores = scores.unsqueeze(-1).tile([1, rewards.shape[1]]) * mask
