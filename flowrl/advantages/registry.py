@@ -126,7 +126,7 @@ def register(name: str) -> Callable[[Estimator], Estimator]:
             if problems:
                 raise ValueError("; ".join(problems))
             mask = mask.bool()
-            inputs = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items() if v is not None}
+            inputs = {k: inputs[k].double() if inputs[k].is_floating_point() else inputs[k] for k in estimator.inputs}
             adv = fn(rewards.double(), mask, group_ids, **inputs, **kwargs)
             if adv.ndim == 1:
                 adv = adv[:, None].expand_as(mask)

@@ -79,6 +79,7 @@ def test_compute_ignores_inputs_the_estimator_does_not_read():
     gen = torch.Generator().manual_seed(1)
     r, m, g = torch.randn(6, 3, generator=gen), torch.ones(6, 3, dtype=torch.bool), torch.arange(6) // 3
     assert torch.equal(adv.compute("grpo", r, m, g, **inputs(6, 3)), adv.compute("grpo", r, m, g))
+    assert torch.equal(adv.grpo(r, m, g, **inputs(6, 3)), adv.grpo(r, m, g))
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
