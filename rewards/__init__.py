@@ -10,7 +10,8 @@ from flowrl.rewards.image_reward import ImageReward
 from flowrl.rewards.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
 from flowrl.rewards.ocr import OcrReward
 from flowrl.rewards.pickscore import PickScore
+from flowrl.rewards.remote import RemoteReward
 from flowrl.rewards.vlm_judge import VlmJudge
 
-__all__ = ["Aesthetic", "AestheticHead", "CLIPScore", "DigitAlignment", "FunctionReward", "HPSv2", "ImageReward", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "OcrReward", "PickScore", "RewardCallback", "VlmJudge", "jpeg_size_kb",
+__all__ = ["Aesthetic", "AestheticHead", "CLIPScore", "DigitAlignment", "FunctionReward", "HPSv2", "ImageReward", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "OcrReward", "PickScore", "RemoteReward", "RewardCallback", "VlmJudge", "jpeg_size_kb",
            "reward_callbacks"]
