@@ -238,3 +238,16 @@ def test_preprocessing_matches_torchvision_and_clip_processor():
     image = Image.fromarray(rng.integers(0, 256, (224, 231, 3), dtype=np.uint8))
     array = (np.asarray(image, dtype=np.float32) / 255 - np.float32(CLIP_MEAN)) / np.float32(CLIP_STD)
     torch.testing.assert_close(preprocess([image])[0], torch.from_numpy(array[:, 4:228].transpose(2, 0, 1).copy()))
+
+
+def test_bfloat16_runs_the_encoders_in_bfloat16_and_the_head_in_float32(tiny, images):
+    path = str(tiny["root"] / "published" / "ImageReward.pt")
+    full = ImageReward(model=path, tokenizer=str(tiny["root"] / "bert")).score(images, PROMPTS)
+    half = ImageReward(model=path, tokenizer=str(tiny["root"] / "bert"), dtype="bfloat16").load("cpu")
+    assert half.model.vision_model.embeddings.patch_embedding.weight.dtype == torch.bfloat16
+    assert half.model.text_encoder.embeddings.word_embeddings.weight.dtype == torch.bfloat16
+    assert half.model.mlp[0].weight.dtype == torch.float32
+    scores = half.score(images, PROMPTS)
+    assert scores.dtype == torch.float32
+    # bfloat16 keeps 8 bits of mantissa (0.4% per rounding); measured here: 0.7% at most
+    torch.testing.assert_close(scores, full, rtol=0.02, atol=0)
