@@ -109,6 +109,19 @@ def normalize(x: Tensor, keys: Tensor, *, std_scope: str = "group", eps: float =
     return torch.where(count == 1, lone, out)
 
 
+def at_positions(values: Tensor, mask: Tensor, rows: Tensor, steps: Tensor) -> Tensor:
+    """``[B, T]`` holding ``values [N]`` at positions ``(rows, steps)`` and 0 elsewhere (the inverse of
+    ``x[mask.nonzero(as_tuple=True)]``).
+
+    >>> m = torch.tensor([[True, False], [False, True]])
+    >>> at_positions(torch.tensor([1.0, 2.0]), m, *m.nonzero(as_tuple=True)).tolist()
+    [[1.0, 0.0], [0.0, 2.0]]
+    """
+    out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+    out[rows, steps] = values
+    return out
+
+
 def masked_whiten(x: Tensor, mask: Tensor, ddof: int = 1, eps: float = 1e-8) -> Tensor:
     """``(x - mean) * rsqrt(var + eps)`` over the valid entries of ``x [B, T]``; 0 where ``mask`` is 0.
 

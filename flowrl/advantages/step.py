@@ -11,14 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flowrl.advantages.primitives import discounted_returns, normalize, scores
+from flowrl.advantages.primitives import at_positions, discounted_returns, normalize, scores
 from flowrl.advantages.registry import register
-
-
-def _scatter(values: Tensor, mask: Tensor, rows: Tensor, steps: Tensor) -> Tensor:
-    out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
-    out[rows, steps] = values
-    return out
 
 
 @register("step_grpo")
@@ -43,7 +37,7 @@ def step_grpo(rewards: Tensor, mask: Tensor, group_ids: Tensor, *, eps: float = 
     rows, steps = mask.nonzero(as_tuple=True)
     adv = normalize(x[rows, steps], torch.stack([group_ids[rows], steps], dim=1), std_scope=std_scope, eps=eps,
                     ddof=ddof, singleton=singleton, batch_keys=steps)
-    return _scatter(adv, mask, rows, steps)
+    return at_positions(adv, mask, rows, steps)
 
 
 @register("gigpo")
@@ -69,7 +63,7 @@ def gigpo(rewards: Tensor, mask: Tensor, group_ids: Tensor, *, step_group_ids: T
     returns = discounted_returns(rewards, mask, gamma, holes="skip")
     keys = torch.stack([group_ids[rows], step_group_ids[rows, steps]], dim=1)
     step = normalize(returns[rows, steps], keys, std_scope=std_scope, eps=eps, ddof=ddof, singleton="zero")
-    return episode[:, None] + weight * _scatter(step, mask, rows, steps)
+    return episode[:, None] + weight * at_positions(step, mask, rows, steps)
 
 
 @register("stratified_grpo")
@@ -108,7 +102,7 @@ def prime(rewards: Tensor, mask: Tensor, group_ids: Tensor, *, process_rewards: 
     options = dict(std_scope=std_scope, eps=eps, ddof=ddof, singleton=singleton)
     episode = normalize(scores(rewards, mask), group_ids, **options)
     rows, steps = mask.nonzero(as_tuple=True)
-    process = _scatter(normalize(process_rewards[rows, steps], group_ids[rows], **options), mask, rows, steps)
+    process = at_positions(normalize(process_rewards[rows, steps], group_ids[rows], **options), mask, rows, steps)
     if gamma is not None:
         process = discounted_returns(process, mask, gamma, holes="skip")
     return episode[:, None] + alpha * process

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flowrl.advantages.primitives import group_index, normalize, scores
+from flowrl.advantages.primitives import at_positions, group_index, group_stats, normalize, scores
 from flowrl.advantages.registry import register
 
 
@@ -48,22 +48,22 @@ def tree_nodes(mask: Tensor, group_ids: Tensor, step_group_ids: Tensor) -> dict[
     seg_parent = torch.where(seg_new_row, -1, seg_node.roll(1))
     index = torch.arange(len(seg_node), device=rows.device)
     seg_depth = index - torch.cummax(torch.where(seg_new_row, index, 0), 0).values
-    parent = _node_attr(seg_parent, seg_node, k, "parent")
-    depth = _node_attr(seg_depth, seg_node, k, "depth")
-    group = torch.zeros(k, dtype=group_ids.dtype, device=rows.device).index_copy_(0, node, group_ids[rows])
+    group = _per_node(group_ids[rows], node, k)
+    node_id = _per_node(ids, node, k)
+    parent, depth = _per_node(seg_parent, seg_node, k), _per_node(seg_depth, seg_node, k)
+    for what, per_node, per_segment in (("parent", parent, seg_parent), ("depth", depth, seg_depth)):
+        clash = per_node[seg_node] != per_segment
+        if clash.any():
+            bad = seg_node[clash][0]
+            raise ValueError(f"step_group_ids do not form a tree: node {int(node_id[bad])} of group "
+                             f"{int(group[bad])} has more than one {what}; give every branch its own node ids")
     return {"rows": rows, "steps": steps, "node": node, "parent": parent, "depth": depth, "group": group}
 
 
-def _node_attr(values: Tensor, nodes: Tensor, k: int, what: str) -> Tensor:
-    """A per-node attribute from its segments; all segments of a node must agree."""
-    high = torch.zeros(k, dtype=values.dtype, device=values.device).scatter_reduce_(0, nodes, values, "amax",
-                                                                                  include_self=False)
-    low = torch.zeros_like(high).scatter_reduce_(0, nodes, values, "amin", include_self=False)
-    if (high != low).any():
-        bad = int(torch.nonzero(high != low)[0])
-        raise ValueError(f"step_group_ids do not form a tree: node #{bad} has more than one {what}; give every "
-                         "branch its own node ids")
-    return high
+def _per_node(values: Tensor, nodes: Tensor, k: int) -> Tensor:
+    """``[K]`` one value per node (the largest of its entries; callers check they agree)."""
+    return torch.zeros(k, dtype=values.dtype, device=values.device).scatter_reduce_(0, nodes, values, "amax",
+                                                                                   include_self=False)
 
 
 @register("tree")
@@ -90,15 +90,10 @@ def tree(rewards: Tensor, mask: Tensor, group_ids: Tensor, *, step_group_ids: Te
     nodes = tree_nodes(mask, group_ids, step_group_ids)
     s = scores(rewards, mask)
     # each row counts once per node, however many steps it spends there
-    pairs = torch.unique(torch.stack([nodes["node"], nodes["rows"]], dim=1), dim=0)
-    k = nodes["parent"].shape[0]
-    total = torch.zeros(k, dtype=s.dtype, device=s.device).index_add_(0, pairs[:, 0], s[pairs[:, 1]])
-    count = torch.zeros_like(total).index_add_(0, pairs[:, 0], torch.ones_like(s[pairs[:, 1]]))
-    value = total / count  # [K]
+    node, row = torch.unique(torch.stack([nodes["node"], nodes["rows"]], dim=1), dim=0).unbind(1)
+    value = _per_node(group_stats(s[row], node)[0], node, nodes["parent"].shape[0])  # [K] mean leaf outcome
     # the root parent (-1) is shared by every group, hence the group in the key
     keys = torch.stack([nodes["group"], nodes["parent" if among == "siblings" else "depth"]], dim=1)
     adv = normalize(value, keys, std_scope=std_scope, eps=eps, ddof=ddof, singleton=singleton,
                     batch_keys=nodes["depth"])
-    out = torch.zeros(mask.shape, dtype=adv.dtype, device=adv.device)
-    out[nodes["rows"], nodes["steps"]] = adv[nodes["node"]]
-    return out
+    return at_positions(adv[nodes["node"]], mask, nodes["rows"], nodes["steps"])

@@ -61,7 +61,7 @@ def test_ids_are_scoped_within_groups_and_rows_permute():
 
 
 def test_ids_that_are_not_a_tree_are_refused():
-    with pytest.raises(ValueError, match="do not form a tree: node #1 has more than one parent"):
+    with pytest.raises(ValueError, match="do not form a tree: node 1 of group 0 has more than one parent"):
         adv.tree(R[:2, :2], M[:2, :2], G[:2], step_group_ids=torch.tensor([[0, 1], [2, 1]]))
     with pytest.raises(ValueError, match="node id >= 0"):
         adv.tree(R, M, G, step_group_ids=torch.full((4, 3), -1))
