@@ -60,6 +60,12 @@ class CLIPScore(ClipReward):
                  model: str = "openai/clip-vit-large-patch14", processor: Optional[str] = None,
                  device: Optional[str] = None, dtype: str = "float32"):
         super().__init__(model, processor, weight, name, batch_size, device, dtype)
+        try:  # checked at config time: the two torchmetrics entry points _load and _score use
+            from torchmetrics.functional.multimodal.clip_score import _clip_score_update  # noqa: F401
+            from torchmetrics.multimodal import CLIPScore as _  # noqa: F401
+        except ImportError as error:
+            raise ImportError("CLIPScore needs torchmetrics' multimodal CLIPScore with a callable model_name_or_path "
+                              "(torchmetrics 1.9 is tested): pip install -U torchmetrics") from error
         self.metric = None
 
     def _load(self, model, device, dtype):
