@@ -64,7 +64,7 @@ class Aesthetic(ClipReward):
                                                         weights_only=True))
         if head.layers[0].in_features != clip.config.projection_dim:
             raise ValueError(f"aesthetic head {self.head_file!r} takes {head.layers[0].in_features}-d embeddings but "
-                             f"{model!r} projects to {clip.config.projection_dim}; use the CLIP the head was trained on")
+                             f"{model!r} projects to {clip.config.projection_dim}; use the CLIP it was trained on")
         self.head = head.to(device)
         return clip
 

@@ -35,7 +35,7 @@ class FeatureCLIP(nn.Module):
 
 
 class TensorProcessor:
-    """The processor torchmetrics calls: images through the reward's tensor preprocessing, text through its tokenizer."""
+    """The processor torchmetrics calls: images through the reward's tensor preprocessing, text its tokenizer."""
 
     def __init__(self, reward: "CLIPScore"):
         self.reward = reward
