@@ -25,8 +25,9 @@ class Rollout:
 
     Fields: prompts ``[B]``; group_ids, seeds ``[B]`` long; latents ``[B, T+1, ...]``; log_probs ``[B, T]`` (0 on
     deterministic steps); sigmas ``[B, T+1]``; train_mask ``[B, T]`` bool (steps the loss sees); images
-    ``[B, 3, H, W]`` in ``[0, 1]``; rewards ``{name: [B]}``; step_rewards ``[B, T]``; node_ids, parent_ids for
-    branch and tree methods; nfe: model evaluations spent per trajectory (a CFG pair counts as one).
+    ``[B, 3, H, W]`` in ``[0, 1]``; rewards ``{name: [B]}``; step_rewards ``[B, T]``; completion_rewards ``[B, K]``
+    the weighted total reward of the ODE completions of K states (dense step-reward methods); node_ids, parent_ids
+    for branch and tree methods; nfe: model evaluations spent per trajectory (a CFG pair counts as one).
     """
 
     prompts: list[str]
@@ -39,6 +40,7 @@ class Rollout:
     images: Optional[Tensor] = None
     rewards: dict[str, Tensor] = field(default_factory=dict)
     step_rewards: Optional[Tensor] = None
+    completion_rewards: Optional[Tensor] = None
     node_ids: Optional[Tensor] = None
     parent_ids: Optional[Tensor] = None
     nfe: int = 0
