@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from flowrl.sampling.steps import get_step
+from flowrl.sampling.steps import ODE_STEPS, get_step, ode_kind
 
 #: ``velocity(z [B, ...], sigma [B]) -> v [B, ...]``: the model with its conditioning and guidance bound.
 VelocityFn = Callable[[Tensor, Tensor], Tensor]
@@ -77,9 +77,10 @@ def seeded_noise(seeds: Tensor, shape: Sequence[int], draws: int, device: torch.
 
 
 def sde_steps(num_steps: int, step_kind: str, sde_window: Optional[tuple[int, int]] = None) -> Tensor:
-    """Which steps are stochastic ``[T]`` bool: all, or those in ``[start, end)``; an ``ode`` kind has none."""
+    """Which steps are stochastic ``[T]`` bool: all, or those in ``[start, end)``; a deterministic kind (``ode``,
+    ``ddim_ode``) has none."""
     mask = torch.zeros(num_steps, dtype=torch.bool)
-    if step_kind != "ode":
+    if step_kind not in ODE_STEPS.values():
         start, end = sde_window or (0, num_steps)
         mask[start:end] = True
     return mask
@@ -101,7 +102,7 @@ def sample(
     Args:
         velocity: the bound model (see :data:`VelocityFn`).
         seeds: ``[B]`` long. sigmas: ``[T + 1]`` from 1 to 0.
-        step_kind: the step used where ``sde_mask`` is True (elsewhere ``ode``).
+        step_kind: the step used where ``sde_mask`` is True (elsewhere its deterministic form, ``ode_kind``).
         noise_level: a float or ``[T]`` per-step values (e.g. calibrated noise).
     Returns:
         latents ``[B, T+1, *latent_shape]`` and log_probs ``[B, T]`` (float32).
@@ -117,7 +118,7 @@ def sample(
     for k in range(num_steps):
         sigma, sigma_next = sigmas[k].expand(batch).to(device), sigmas[k + 1].expand(batch).to(device)
         v = velocity(z, sigma)
-        step = get_step(step_kind if sde_mask[k] else "ode")
+        step = get_step(step_kind if sde_mask[k] else ode_kind(step_kind))
         out = step(z, v, sigma, sigma_next, noise=noise[:, k + 1], noise_level=levels[k])
         z = latents[:, k + 1] = out.z_next
         log_probs[:, k] = out.log_prob
@@ -126,7 +127,8 @@ def sample(
 
 def trained_steps(sde_mask: Tensor, timestep_fraction: float, sigmas: Tensor, step_kind: str) -> Tensor:
     """Steps the loss trains ``[T]``: stochastic steps among the first ``floor(T * timestep_fraction)`` (as
-    flow_grpo), minus steps whose transition has zero std (CPS landing on sigma = 0).
+    flow_grpo), minus steps whose transition has zero std (CPS landing on sigma = 0; DDIM landing on sigma = 0 or
+    not moving, as SD1.5's last step does with ``steps_offset = 0``).
 
     >>> trained_steps(torch.ones(10, dtype=torch.bool), 0.99, torch.linspace(1, 0, 11), "flow_grpo").sum().item()
     9
@@ -136,4 +138,6 @@ def trained_steps(sde_mask: Tensor, timestep_fraction: float, sigmas: Tensor, st
     mask[int(num_steps * timestep_fraction):] = False
     if step_kind == "cps":
         mask &= sigmas[1:] > 0
+    if step_kind == "ddim":
+        mask &= (sigmas[1:] > 0) & (sigmas[1:] < sigmas[:-1])
     return mask

@@ -64,7 +64,7 @@ def test_unknown_kind_and_missing_noise_are_clear_errors():
         get_step("sde")
     with pytest.raises(ValueError, match="needs `noise`"):
         flow_grpo_step(Z, V, S, S_NEXT)
-    assert set(STEPS) == {"flow_grpo", "cps", "dance", "ode"}
+    assert set(STEPS) == {"flow_grpo", "cps", "dance", "ode", "ddim", "ddim_ode"}
 
 
 def test_gaussian_log_prob_of_mean_is_minus_log_std_sqrt_2pi():
