@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from flowrl import advantages as adv_lib
@@ -98,6 +99,10 @@ class GRPOLoop(LightningModule):
         sample_chunk_size: sample the batch in chunks of this many trajectories, submitting each chunk's images
             for scoring as soon as they exist (a ``RemoteReward`` with ``overlap`` scores them while the next chunk
             samples); results do not depend on it. None: one chunk.
+        check_ratio: before the first update, recompute every trained step's log-prob with the unchanged weights,
+            in the micro-batches the update uses, and log ``train/check_ratio_max_dev`` = max |ratio - 1| (on-policy
+            it should be 0; batch-size-dependent kernels and low precision make it not). check_ratio_threshold: warn
+            (rank zero) above this deviation (fp32 on CPU stays below 1e-5; bf16 on GPU is typically 1e-3..1e-2).
     """
 
     scores_own_rewards = True  # reward callbacks must not score validation outputs a second time
@@ -109,7 +114,8 @@ class GRPOLoop(LightningModule):
                  loss: str = "vanilla", loss_options: Optional[dict[str, Any]] = None, beta: float = 0.0,
                  num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                  max_grad_norm: Optional[float] = 1.0, optimizer: OptimizerCallable = torch.optim.AdamW,
-                 seed: int = 0, reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None):
+                 seed: int = 0, reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None,
+                 check_ratio: bool = False, check_ratio_threshold: float = 1e-3):
         super().__init__()
         problems = option_problems(num_steps=num_steps, step_kind=step_kind, timestep_fraction=timestep_fraction,
                                    num_inner_epochs=num_inner_epochs, num_minibatches=num_minibatches,
@@ -130,6 +136,7 @@ class GRPOLoop(LightningModule):
         self.micro_batch_size, self.max_grad_norm = micro_batch_size, max_grad_norm
         self.optimizer_factory, self.seed = optimizer, seed
         self.reward_aggregation, self.sample_chunk_size = reward_aggregation, sample_chunk_size
+        self.check_ratio, self.check_ratio_threshold = check_ratio, check_ratio_threshold
         if beta > 0:
             policy.setup_reference()
 
@@ -245,7 +252,12 @@ class GRPOLoop(LightningModule):
         self.policy.train()
         opt = self.optimizers()
         pairs = rollout.train_mask.nonzero()  # [P, 2] (sample, step)
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)
+        gen_seed = self.seed * 1_000_003 + self.global_step
+        gen = torch.Generator().manual_seed(gen_seed)
+        checked = {}
+        if self.check_ratio and self.global_step == 0:
+            checked["check_ratio_max_dev"] = self.on_policy_ratio_deviation(
+                rollout, cond, advantages, weights, self.micro_batches(pairs, torch.Generator().manual_seed(gen_seed)))
         sums: dict[str, float] = {}
         extremes = {"ratio_min": float("inf"), "ratio_max": float("-inf")}
         grad_norms: list[float] = []
@@ -270,7 +282,25 @@ class GRPOLoop(LightningModule):
         out = {key: value / count for key, value in sums.items()}
         out.update(extremes, ratio_max_dev=max(extremes["ratio_max"] - 1, 1 - extremes["ratio_min"]))
         out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)  # before clipping, mean over optimizer steps
-        return out
+        return {**out, **checked}
+
+    @torch.no_grad()
+    def on_policy_ratio_deviation(self, rollout: Rollout, cond: Conditioning, advantages: Tensor, weights: Tensor,
+                                  epoch: list[list[Tensor]]) -> float:
+        """max |ratio - 1| over every trained pair with the unchanged weights, in the update's micro-batches ``epoch``
+        (the first epoch's, so each pair is recomputed in the same batch composition as its first training pass).
+        Warns on rank zero above ``check_ratio_threshold``."""
+        deviation = 0.0
+        for micro in epoch:
+            for chunk in micro:
+                _, stats = self.pair_loss(rollout, cond, advantages, weights, chunk)
+                deviation = max(deviation, stats["ratio_max"] - 1, 1 - stats["ratio_min"])
+        if deviation > self.check_ratio_threshold:
+            rank_zero_warn(f"check_ratio: max |ratio - 1| = {deviation:.3g} with unchanged weights exceeds "
+                           f"check_ratio_threshold={self.check_ratio_threshold:g}; the recomputed log-probs differ "
+                           "from the sampled ones (precision, batch-size-dependent kernels or dropout), so clipping "
+                           "will fire off-policy. Try autocast null / float32, or a larger clip_range.")
+        return deviation
 
     def micro_batches(self, pairs: Tensor, gen: torch.Generator) -> list[list[Tensor]]:
         """One epoch, shuffled: ``num_minibatches`` lists of micro-batches of (sample, step) pairs ``[P, 2]``.
@@ -353,6 +383,8 @@ class GRPOLoop(LightningModule):
         for key, value in metrics.items():
             log(f"train/{key}", value)
         log("rollout/nfe", float(rollout.nfe))
+        trained = int(rollout.train_mask.sum())  # every evaluation of the batch per transition the loss trains
+        log("rollout/nfe_per_trained_step", rollout.nfe * size / trained if trained else float("nan"))
         log("rollout/samples_per_s", size / max(sampling_s, 1e-9))
 
     # -- evaluation ----------------------------------------------------------------------------------------
