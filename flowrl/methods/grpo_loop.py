@@ -8,6 +8,7 @@ Methods override ``rollout``, ``step_rewards``, ``compute_advantages`` and ``los
 
 from __future__ import annotations
 
+import importlib
 import time
 from contextlib import nullcontext
 from typing import Any, Optional
@@ -24,7 +25,7 @@ from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import AGGREGATIONS, aggregate, weighted_sum
 from flowrl.rewards.base import reward_callbacks
 from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
-from flowrl.sampling.steps import STEPS, get_step
+from flowrl.sampling.steps import ODE_STEPS, PREDICTIONS, STEPS, get_step
 
 
 def resolved_loss_options(loss: str, clip_range: float, loss_options: Optional[dict] = None) -> dict[str, Any]:
@@ -53,11 +54,20 @@ def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_
                     num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                     advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict] = None,
                     reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None,
-                    **_: Any) -> list[str]:
-    """Problems with the loop's options, each naming the key and the fix (checked before any weight loads)."""
+                    policy: Any = None, **_: Any) -> list[str]:
+    """Problems with the loop's options, each naming the key and the fix (checked before any weight loads).
+
+    ``policy`` (an adapter, or its parsed ``{class_path, init_args}``) is checked against ``step_kind``: a step reads
+    the model output as a velocity (flow models) or a noise prediction (SD1.5), and the two must agree.
+    """
     problems = []
-    if step_kind not in STEPS or step_kind == "ode":
-        problems.append(f"model.step_kind={step_kind!r}: choose an SDE step from {sorted(set(STEPS) - {'ode'})}")
+    sde_kinds = sorted(set(STEPS) - set(ODE_STEPS.values()))
+    if step_kind not in sde_kinds:
+        problems.append(f"model.step_kind={step_kind!r}: choose an SDE step from {sde_kinds}")
+    elif (predicts := policy_prediction(policy)) and PREDICTIONS[step_kind] != predicts:
+        fitting = [k for k in sde_kinds if PREDICTIONS[k] == predicts]
+        problems.append(f"model.step_kind={step_kind!r} reads the model output as a {PREDICTIONS[step_kind]}, but "
+                        f"the policy predicts {predicts}; choose a step kind from {fitting}")
     if num_steps < 1 or not 0 < timestep_fraction <= 1:
         problems.append(f"model.num_steps={num_steps} must be >= 1 and model.timestep_fraction={timestep_fraction} "
                         "in (0, 1]")
@@ -73,6 +83,22 @@ def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_
     if sample_chunk_size is not None and sample_chunk_size < 1:
         problems.append(f"model.sample_chunk_size={sample_chunk_size} must be >= 1 (or null: the whole batch at once)")
     return problems
+
+
+def policy_prediction(policy: Any) -> Optional[str]:
+    """What a policy's network predicts (``FlowPolicy.prediction``), from the adapter or its parsed config.
+
+    >>> policy_prediction({"class_path": "flowrl.policies.TinyFlowPolicy"}), policy_prediction(None)
+    ('velocity', None)
+    """
+    if isinstance(policy, FlowPolicy):
+        return policy.prediction
+    path = policy.get("class_path") if isinstance(policy, dict) else getattr(policy, "class_path", None)
+    if not isinstance(path, str) or "." not in path:
+        return None
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    return getattr(cls, "prediction", None)
 
 
 class GRPOLoop(LightningModule):
@@ -121,7 +147,7 @@ class GRPOLoop(LightningModule):
                                    num_inner_epochs=num_inner_epochs, num_minibatches=num_minibatches,
                                    micro_batch_size=micro_batch_size, advantage=advantage,
                                    advantage_options=advantage_options, reward_aggregation=reward_aggregation,
-                                   sample_chunk_size=sample_chunk_size)
+                                   sample_chunk_size=sample_chunk_size, policy=policy)
         problems += loss_problems(loss=loss, loss_options=loss_options, clip_range=clip_range)
         if problems:
             raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
@@ -395,7 +421,8 @@ class GRPOLoop(LightningModule):
         cond = self.policy.encode(prompts)
         sigmas = self.policy.sigmas(num_steps or self.eval_num_steps).to(self.device)
         velocity = lambda z, s: self.policy.velocity(z, s, cond, self.guidance_scale)  # noqa: E731
-        latents, _ = sample(velocity, seeds, sigmas, self.policy.latent_shape(), "ode", device=self.device)
+        ode = ODE_STEPS[self.policy.prediction]
+        latents, _ = sample(velocity, seeds, sigmas, self.policy.latent_shape(), ode, device=self.device)
         return self.policy.decode(latents[:, -1])
 
     def _scores_with_total(self, prompts: list[str], seeds: Tensor) -> dict[str, Tensor]:

@@ -52,6 +52,9 @@ class FlowPolicy(nn.Module):
     """
 
     default_lora_targets: tuple[str, ...] = ()
+    #: What ``velocity`` returns: ``"velocity"`` (flow matching) or ``"epsilon"`` (a diffusion model's noise
+    #: prediction, SD1.5); the step kinds of ``flowrl.sampling.steps.PREDICTIONS`` must read the same.
+    prediction: str = "velocity"
 
     def __init__(self, lora: Optional[LoraOptions] = None):
         super().__init__()
@@ -99,8 +102,9 @@ class FlowPolicy(nn.Module):
             self.denoiser = trained
 
     def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
-        """Velocity ``[B, ...]`` at per-sample ``sigma [B]``; with ``guidance_scale > 1`` the conditional and the
-        unconditional evaluations run as one batch and combine as ``v_u + g (v_c - v_u)``."""
+        """Velocity (or noise, see ``prediction``) ``[B, ...]`` at per-sample ``sigma [B]``; with
+        ``guidance_scale > 1`` the conditional and the unconditional evaluations run as one batch and combine as
+        ``v_u + g (v_c - v_u)``."""
         if guidance_scale == 1.0 or cond.null_embeds is None:
             return self._forward(latents, sigma, cond.embeds, cond.pooled)
         both = self._forward(torch.cat([latents, latents]), torch.cat([sigma, sigma]),
