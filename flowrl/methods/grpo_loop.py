@@ -409,8 +409,8 @@ class GRPOLoop(LightningModule):
         for key, value in metrics.items():
             log(f"train/{key}", value)
         log("rollout/nfe", float(rollout.nfe))
-        trained = int(rollout.train_mask.sum())  # every evaluation of the batch per transition the loss trains
-        log("rollout/nfe_per_trained_step", rollout.nfe * size / trained if trained else float("nan"))
+        transitions = int(rollout.train_mask.sum())  # the batch's evaluations per transition the loss trains
+        log("rollout/nfe_per_trained_step", rollout.nfe * size / transitions if transitions else float("nan"))
         log("rollout/samples_per_s", size / max(sampling_s, 1e-9))
 
     # -- evaluation ----------------------------------------------------------------------------------------

@@ -1,0 +1,175 @@
+"""DenseGRPO (arXiv 2601.20218): a reward per denoising step from ODE completions, and a calibrated SDE noise.
+
+Step ``k`` earns the reward gain ``dR[b, k] = R[b, k + 1] - R[b, k]`` (Eq. 7-9), where ``R[b, k]`` scores the ODE
+completion (current policy, same guidance and schedule) of the latent before step ``k`` and ``R[b, T]`` the
+trajectory's own final image; the gains telescope to ``R[b, T] - R[b, 0]``. Advantages normalise ``dR`` per
+(group, step) across the group (Eq. 10, ``step_grpo``) and Flow-GRPO's PPO loss trains each step with its own.
+Before training, exploration-space calibration (Alg. 1, :mod:`flowrl.sampling.noise_calibration`) tunes the noise
+scale ``psi(k)`` of every step; it is saved in checkpoints and fixed during training.
+
+Completions run on each rank for its own trajectories; ``dR`` is gathered with the rest of the batch by the loop,
+so advantages are computed on the global batch as for every method.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from flowrl.methods.grpo_loop import GRPOLoop, loss_problems, option_problems
+from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.rewards.aggregate import weighted_sum
+from flowrl.rewards.base import reward_callbacks
+from flowrl.sampling.completion_rewards import completion_rewards
+from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
+from flowrl.sampling.ode_complete import complete_trajectories
+from flowrl.sampling.rollout import Rollout
+
+#: Flow-GRPO's numerics (population std, +1e-4, clip 5) per (group, step), the std of Eq. 10 being the group's.
+DEFAULT_ADVANTAGE_OPTIONS = {"eps": 1e-4, "ddof": 0, "std_scope": "group", "clip": 5.0}
+_CALIBRATION_SEED_OFFSET = 1 << 40  # calibration noise never repeats a training sample's seed
+
+
+def dense_problems(completion_steps: Optional[int] = None, completion_chunk_size: Optional[int] = None,
+                   reward_chunk_size: Optional[int] = None, calibration: Optional[NoiseCalibration] = None,
+                   reward_aggregation: str = "sum", **_: Any) -> list[str]:
+    """Problems with DenseGRPO's own options, each naming the key and the fix."""
+    problems = []
+    for key, value in [("completion_steps", completion_steps), ("completion_chunk_size", completion_chunk_size),
+                       ("reward_chunk_size", reward_chunk_size)]:
+        if value is not None and value < 1:
+            problems.append(f"model.{key}={value} must be >= 1 (or null)")
+    if isinstance(calibration, dict):
+        calibration = NoiseCalibration(**calibration)
+    if calibration is not None:
+        problems += calibration.problems()
+    if reward_aggregation != "sum":
+        problems.append(f"model.reward_aggregation={reward_aggregation!r}: DenseGRPO takes differences of raw "
+                        "weighted rewards between completions; use reward_aggregation: sum")
+    return problems
+
+
+class DenseGRPO(GRPOLoop):
+    """DenseGRPO. Options beyond the shared loop's (:class:`~flowrl.methods.grpo_loop.GRPOLoop`):
+
+    Args:
+        completion_steps: Euler steps of each ODE completion (capped by the remaining steps); None: the full
+            remaining schedule (the paper's default, 65 model evaluations per trajectory at T=10).
+        completion_chunk_size: at most this many completions per model call (memory); None: all at once.
+        reward_chunk_size: at most this many completion images decoded and scored at once; None: all at once.
+        calibration: exploration-space calibration (``samples``, ``iterations``, ``eps1``, ``eps2``), run on the
+            first training batch's prompts; null keeps Flow-GRPO's noise ``noise_level * sqrt(sigma / (1 - sigma))``.
+        advantage: default ``step_grpo``; advantage_options: None means ``eps 1e-4, ddof 0, std_scope group,
+            clip 5`` (Flow-GRPO's numerics per (group, step)); a dict replaces them.
+    """
+
+    def __init__(self, policy: FlowPolicy, completion_steps: Optional[int] = None,
+                 completion_chunk_size: Optional[int] = None, reward_chunk_size: Optional[int] = None,
+                 calibration: Optional[NoiseCalibration] = NoiseCalibration(), advantage: str = "step_grpo",
+                 advantage_options: Optional[dict[str, Any]] = None, **kwargs: Any):
+        if advantage_options is None and advantage == "step_grpo":
+            advantage_options = dict(DEFAULT_ADVANTAGE_OPTIONS)
+        options = dict(advantage=advantage, advantage_options=advantage_options, **kwargs)
+        problems = dense_problems(completion_steps, completion_chunk_size, reward_chunk_size, calibration,
+                                  kwargs.get("reward_aggregation", "sum"))
+        problems += option_problems(**options) + loss_problems(**options)
+        if problems:
+            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
+        super().__init__(policy, **options)
+        self.completion_steps, self.completion_chunk_size = completion_steps, completion_chunk_size
+        self.reward_chunk_size, self.calibration = reward_chunk_size, calibration
+        factors = noise_scale_factors(policy.sigmas(self.num_steps).float(), self.step_kind)
+        self.noise_factors = factors  # [T]
+        self.noise_scales = self.noise_level * factors  # [T] psi(k), Flow-GRPO's s_k until calibrated
+        self.calibrated = False
+
+    # -- hooks ---------------------------------------------------------------------------------------------
+
+    def noise_levels(self) -> Tensor:
+        """``psi(k) / factor(k)``, so that the step applies ``psi(k)``; the loop's constant until calibrated."""
+        return self.noise_scales / self.noise_factors if self.calibrated else super().noise_levels()
+
+    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
+        """SDE trajectories, then the ODE completion of every state before a step, scored: ``completion_rewards
+        [B, T]``. ``nfe`` adds the completions' evaluations to the sampler's (a CFG pair is one)."""
+        rollout = super().rollout(batch, cond)
+        velocity = lambda z, s, rows: self.policy.velocity(z, s, cond.select(rows), self.guidance_scale)  # noqa: E731
+        completed = complete_trajectories(velocity, rollout.latents, rollout.sigmas[0],
+                                          completion_steps=self.completion_steps, chunk_size=self.completion_chunk_size)
+        rollout.completion_rewards = completion_rewards(self.policy.decode, completed.latents, rollout.prompts,
+                                                        self.total_score, self.reward_chunk_size)
+        rollout.nfe += round(completed.nfe.sum(1).float().mean().item())  # the same for every trajectory
+        return rollout
+
+    def aggregate_rewards(self, rollout: Rollout, weights: dict[str, float]) -> tuple[Tensor, Tensor]:
+        """The loop's totals; a row whose completions got a non-finite reward is invalid as well."""
+        total, valid = super().aggregate_rewards(rollout, weights)
+        return total, valid & torch.isfinite(rollout.completion_rewards).all(1)
+
+    def step_rewards(self, rollout: Rollout, total: Tensor) -> Tensor:
+        """``dR [B, T]``: ``R[:, 1:] - R[:, :-1]`` with ``R = [completion_rewards, total]``."""
+        rewards = torch.cat([rollout.completion_rewards.to(total), total[:, None]], dim=1)  # [B, T+1]
+        rollout.step_rewards = rewards.diff(dim=1).nan_to_num(0.0)  # invalid rows are masked out by the loop
+        return rollout.step_rewards
+
+    def total_score(self, images: Tensor, prompts: list[str]) -> Tensor:
+        """Weighted total of every reward callback ``[n]`` (non-finite where any reward is)."""
+        weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
+        total, valid = weighted_sum(self.score(images, prompts), weights)
+        return torch.where(valid, total, torch.nan)
+
+    # -- exploration-space calibration ---------------------------------------------------------------------
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        if self.calibration is not None and not self.calibrated:
+            self.calibrate(batch)
+
+    @torch.no_grad()
+    def calibrate(self, batch: dict) -> Tensor:
+        """Alg. 1 on ``calibration.samples`` trajectories per iteration (split over ranks) of the batch's prompts.
+
+        Returns:
+            the calibrated ``psi [T]`` (also in ``self.noise_scales``; identical on every rank).
+        """
+        world, rank, options = self.trainer.world_size, self.trainer.global_rank, self.calibration
+        if options.samples % world:
+            raise ValueError(f"model.calibration.samples={options.samples} must be a multiple of the "
+                             f"{world} processes (each samples an equal share)")
+        local = options.samples // world
+        pool = self._calibration_prompt_pool(batch)
+        prompts = [pool[(rank * local + i) % len(pool)] for i in range(local)]
+        cond = self.policy.encode(prompts)
+        self.policy.eval()
+        self.calibrated = True  # sample with psi from here on
+        for iteration in range(options.iterations):
+            first = _CALIBRATION_SEED_OFFSET + self.seed * 1_000_003 + iteration * options.samples + rank * local
+            part = {"prompts": prompts, "group_ids": torch.zeros(local, dtype=torch.long, device=self.device),
+                    "seeds": torch.arange(first, first + local)}
+            rollout = self.rollout_and_score(part, cond)
+            weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
+            total, valid = weighted_sum(rollout.rewards, weights)
+            rewards = torch.cat([rollout.completion_rewards.to(total), torch.where(valid, total, torch.nan)[:, None]],
+                                dim=1)
+            self.noise_scales = calibration_update(self.noise_scales, self._gather(rewards.diff(dim=1)).cpu(),
+                                                   options.eps1, options.eps2)
+        rank_zero_info(f"DenseGRPO calibrated noise scales psi(k): {[round(x, 4) for x in self.noise_scales.tolist()]}")
+        return self.noise_scales
+
+    def _calibration_prompt_pool(self, batch: dict) -> list[str]:
+        """The global batch's distinct prompts in prompt-id order (the same for any number of processes); the
+        local batch's prompts where the data module does not expose ``prompts`` and ``prompt_ids``."""
+        texts = getattr(getattr(self.trainer, "datamodule", None), "prompts", None)
+        if texts is None or "prompt_ids" not in batch:
+            return list(batch["prompts"])
+        return [texts[i] for i in self._gather(batch["prompt_ids"].to(self.device)).unique().tolist()]
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["dense_grpo"] = {"noise_scales": self.noise_scales.clone(), "calibrated": self.calibrated}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("dense_grpo")
+        if state is not None:
+            self.noise_scales, self.calibrated = state["noise_scales"].float().cpu(), bool(state["calibrated"])
