@@ -46,7 +46,9 @@ def config_problems(config: Any) -> list[str]:
         problems.append("trainer.callbacks has no reward callback; add one, e.g. "
                         "`- class_path: flowrl.rewards.DigitAlignment`")
     model = _as_dict(config.get("model"))
-    problems += option_problems(**_as_dict(model.get("init_args")))
+    # a method with options of its own checks them (and the loop's) with its class attribute `option_problems`
+    method = _class(model["class_path"]) if model.get("class_path") else GRPOLoop
+    problems += getattr(method, "option_problems", option_problems)(**_as_dict(model.get("init_args")))
     data = _as_dict(config.get("data"))
     layout = GroupLayout(1, data.get("num_groups", 4), data.get("group_size", 8), 1, data.get("spread_groups", True))
     problems += layout.problems()

@@ -1,0 +1,146 @@
+"""TPGRPO on a random-weight tiny model: the window rollout, R_0 from the trajectory's own noise, real NFE counts,
+option errors, a 2-step CLI fit of the tiny config, and a 2-process DDP run equal to a 1-process run."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrl.cli import main
+from flowrl.methods import TPGRPO
+from flowrl.policies import LoraOptions, TinyFlowPolicy
+from tests.cli.test_fit import load_steps, run_cli
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CONFIG = str(ROOT / "configs" / "tiny_tp_grpo.yaml")
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    torch.manual_seed(0)
+    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+
+
+def batch_of(seeds):
+    prompts = ["red 1 and blue 2", "green 3 and red 4"][: len(seeds)]
+    return {"prompts": prompts, "group_ids": torch.arange(len(seeds)), "seeds": torch.tensor(seeds)}
+
+
+def mean_pixel(images, prompts):
+    return images.mean(dim=(1, 2, 3))
+
+
+def counted_rollout(module, batch):
+    """The rollout and the model evaluations per trajectory it took (rows of real forward calls; CFG pairs are one)."""
+    rows = []
+    forward = module.policy._forward
+
+    def counting(latents, *args):
+        rows.append(latents.shape[0])
+        return forward(latents, *args)
+
+    module.policy._forward = counting
+    try:
+        with torch.no_grad():
+            rollout = module.rollout(batch, module.policy.encode(batch["prompts"]))
+    finally:
+        del module.policy._forward
+    return rollout, sum(rows) / 2 / len(batch["seeds"])  # guidance > 1: each evaluation is a cond/uncond pair
+
+
+def test_nfe_is_64_at_ten_steps_with_a_nine_step_window(policy):
+    module = TPGRPO(policy, num_steps=10, window_size=9, guidance_scale=4.5)
+    module.total_score = mean_pixel
+    rollout, evaluations = counted_rollout(module, batch_of([3, 4]))
+    assert evaluations == 64 and rollout.nfe == 64  # 10 sample + sum_{j=0..8} (10 - j) completion evaluations
+    module = TPGRPO(policy, num_steps=6, window_start=1, window_size=3, guidance_scale=4.5, completion_steps=2)
+    module.total_score = mean_pixel
+    rollout, evaluations = counted_rollout(module, batch_of([3]))
+    assert evaluations == rollout.nfe == 6 + 2 + 2 + 2
+
+
+@pytest.mark.parametrize("step_kind", ["cps", "flow_grpo"])
+def test_window_rollout_and_r0_from_the_same_noise(policy, step_kind):
+    module = TPGRPO(policy, num_steps=6, window_start=2, window_size=4, step_kind=step_kind, guidance_scale=2.0)
+    module.total_score = mean_pixel
+    seeds = [11, 12]
+    rollout, _ = counted_rollout(module, batch_of(seeds))
+    window = torch.zeros(6, dtype=torch.bool)
+    window[2:6] = True
+    assert torch.equal(rollout.log_probs != 0, window.expand(2, -1))  # SDE exactly on the window steps
+    # CPS landing on sigma 0 has no log-prob: the last window step is not trained there
+    trained = window.clone()
+    trained[5] = step_kind != "cps"
+    assert torch.equal(rollout.train_mask, trained.expand(2, -1))
+    assert rollout.completion_rewards.shape == (2, 4) and torch.isfinite(rollout.completion_rewards).all()
+    # before the window the trajectory is the ODE, so R_0 (completion of the latent at the window start) is the
+    # reward of the plain ODE sample of the same seed
+    ode_images = module.generate(batch_of(seeds)["prompts"], torch.tensor(seeds), num_steps=6)
+    assert torch.allclose(rollout.completion_rewards[:, 0], mean_pixel(ode_images, None), atol=1e-5)
+    # another seed gives another baseline: the baseline is the trajectory's own, not a fresh draw
+    other = module.generate(batch_of(seeds)["prompts"], torch.tensor([13, 14]), num_steps=6)
+    assert not torch.allclose(rollout.completion_rewards[:, 0], mean_pixel(other, None), atol=1e-5)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"window_start": 2, "window_size": 9}, "model.window_start=2, model.window_size=9"),
+    ({"window_size": 0}, "model.window_size=0"),
+    ({"first_step": "always"}, "model.first_step='always'"),
+    ({"reward_aggregation": "gdpo"}, "use `sum`"),
+    ({"completion_steps": 0}, "model.completion_steps=0"),
+    ({"step_kind": "ode"}, "model.step_kind='ode'"),
+])
+def test_bad_options_fail_clearly(policy, options, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        TPGRPO(policy, num_steps=10, **options)
+
+
+def fit_args(model_dir, out, *extra):
+    return ["fit", "--config", CONFIG, f"--model.init_args.policy.init_args.model={model_dir}",
+            f"--trainer.default_root_dir={out}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_checkpointing=false", "--trainer.limit_val_batches=0", "--trainer.max_steps=2",
+            "--trainer.callbacks=[flowrl.rewards.DigitAlignment, tests.cli.dump_outputs.DumpOutputs]",
+            f"--trainer.callbacks.out={out}/dump", "--model.init_args.num_steps=4", "--model.init_args.window_size=3",
+            "--model.init_args.guidance_scale=2.0", "--model.init_args.micro_batch_size=4",
+            "--data.prompts=[red 1 and blue 2, green 3 and red 4, blue 5 and green 6, red 7 and red 8]",
+            "--data.group_size=4", "--data.num_groups=2", *extra]
+
+
+def test_two_step_fit_of_the_tiny_config(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    main(fit_args(tiny_model_dir, tmp_path))
+    steps = load_steps(tmp_path)
+    assert sorted(steps) == ["step0_rank0", "step1_rank0"]
+    adv = steps["step0_rank0"]["advantages"]
+    # window [0, 3) of 4 steps; CPS's step 2 lands on sigma > 0 and is trained, step 3 is outside the window
+    assert adv.shape == (8, 4) and (adv[:, 3] == 0).all() and adv[:, :3].abs().sum() > 0
+    for g in steps["step0_rank0"]["group_ids"].unique():  # per (group, step) normalisation
+        rows = steps["step0_rank0"]["group_ids"] == g
+        assert torch.allclose(adv[rows, :3].sum(0), torch.zeros(3), atol=1e-4)
+    weights = torch.load(tmp_path / "dump/weights.pt")
+    assert any(w.abs().sum() > 0 for k, w in weights.items() if "lora_B" in k)
+
+
+def test_config_error_names_the_window_before_loading(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit, match="model.window_start=0, model.window_size=5"):
+        main(fit_args(str(tmp_path / "no-model-here"), tmp_path, "--model.init_args.window_size=5"))
+
+
+def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
+    # turning points are balanced over the batch gathered from both ranks, so the advantages match one process
+    common = ["--trainer.max_steps=1", "--model.init_args.optimizer=torch.optim.SGD",
+              "--model.init_args.optimizer.lr=1.0", "--model.init_args.max_grad_norm=null"]
+    run_cli(fit_args(tiny_model_dir, tmp_path / "one", *common), ROOT)
+    run_cli(fit_args(tiny_model_dir, tmp_path / "two", *common, "--trainer.devices=2", "--trainer.strategy=ddp"),
+            ROOT)
+    one = load_steps(tmp_path / "one")["step0_rank0"]
+    ranks = [load_steps(tmp_path / "two")[f"step0_rank{r}"] for r in (0, 1)]
+    seeds = torch.cat([r["seeds"] for r in ranks])
+    order_two, order_one = seeds.argsort(), one["seeds"].argsort()
+    assert torch.equal(seeds[order_two], one["seeds"][order_one])
+    for key in ("rewards", "advantages"):
+        both = torch.cat([r[key] for r in ranks])[order_two]
+        assert torch.allclose(both.float(), one[key][order_one].float(), atol=1e-5), key
+    w1, w2 = torch.load(tmp_path / "one/dump/weights.pt"), torch.load(tmp_path / "two/dump/weights.pt")
+    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-7) for k in w1)
