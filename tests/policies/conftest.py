@@ -1,0 +1,21 @@
+"""Tiny random-weight SD3 and FLUX.1 pipelines saved once per session."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def sd3_dir(tmp_path_factory):
+    from diffusers import StableDiffusion3Pipeline
+
+    from tests.policies.tiny_pipelines import save_pipeline, sd3_components
+
+    return str(save_pipeline(StableDiffusion3Pipeline, sd3_components, tmp_path_factory.mktemp("sd3")))
+
+
+@pytest.fixture(scope="session")
+def flux_dir(tmp_path_factory):
+    from diffusers import FluxPipeline
+
+    from tests.policies.tiny_pipelines import flux_components, save_pipeline
+
+    return str(save_pipeline(FluxPipeline, flux_components, tmp_path_factory.mktemp("flux")))
