@@ -1,8 +1,9 @@
 """Adapters around diffusers models (only this package imports diffusers)."""
 
 from flowrl.policies.base import Conditioning, FlowPolicy, LoraOptions
+from flowrl.policies.flux import FluxPolicy
 from flowrl.policies.sd3 import SD3Policy
 from flowrl.policies.sd15 import SD15Policy
 from flowrl.policies.tiny import TinyFlowPolicy
 
-__all__ = ["Conditioning", "FlowPolicy", "LoraOptions", "SD15Policy", "SD3Policy", "TinyFlowPolicy"]
+__all__ = ["Conditioning", "FlowPolicy", "FluxPolicy", "LoraOptions", "SD15Policy", "SD3Policy", "TinyFlowPolicy"]
