@@ -1,4 +1,5 @@
-"""``python -m flowrl {fit,validate,test,predict}``: LightningCLI with omegaconf interpolation.
+"""``python -m flowrl {fit,validate,test,predict}``: LightningCLI with omegaconf interpolation; ``python -m flowrl
+export --ckpt CKPT --out DIR [--merged]`` writes a trained policy for diffusers (``flowrl.policies.export``).
 
 ``parser_mode="omegaconf+"`` resolves interpolations after command-line overrides are applied (plain
 ``omegaconf`` resolves them per file and then ignores an override of a referenced key); absolute interpolation
@@ -69,7 +70,12 @@ class FlowRLCLI(LightningCLI):
 
 
 def main(args: Optional[list[str]] = None) -> None:
+    args = args if args is not None else sys.argv[1:]
+    if args[:1] == ["export"]:  # not a LightningCLI subcommand: a trained policy -> diffusers files
+        from flowrl.policies.export import main as export
+
+        return export(args[1:])
     set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
     FlowRLCLI(GRPOLoop, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
               parser_kwargs={"parser_mode": "omegaconf+"}, save_config_kwargs={"overwrite": True},
-              args=args if args is not None else sys.argv[1:])
+              args=args)

@@ -1,0 +1,108 @@
+"""Export a trained policy for the plain diffusers pipeline: ``python -m flowrl export --ckpt CKPT --out DIR``.
+
+LoRA runs write ``DIR/pytorch_lora_weights.safetensors`` with the pipeline's own ``save_lora_weights`` (rank and
+alpha in its metadata), loadable with ``pipe.load_lora_weights(DIR)``; ``--merged`` also writes the whole pipeline
+with the adapters fused into the transformer to ``DIR/merged``. Full fine-tuning runs write the whole pipeline to
+``DIR``. The policy is rebuilt from the run's ``config.yaml`` (LightningCLI saves it in the log directory, the
+parent of ``checkpoints/``) or ``--config``; the checkpoint supplies the trained weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Optional
+
+import torch
+import yaml
+
+from flowrl.policies.base import FlowPolicy
+
+REFERENCE_PREFIX = "reference_denoiser."
+
+
+def export_lora(policy: FlowPolicy, out: str | Path) -> Path:
+    """Writes the policy's LoRA weights in the diffusers layout of its pipeline; returns ``out``.
+
+    Raises:
+        ValueError: the policy was fully fine-tuned (no adapters), or it is not pipeline-backed.
+    """
+    from peft.utils import get_peft_model_state_dict
+
+    _check_exportable(policy)
+    if policy.lora is None:
+        raise ValueError("this policy was fully fine-tuned: it has no LoRA weights; use export_pipeline")
+    name = getattr(policy, "denoiser_name", "transformer")
+    policy.pipeline_class.save_lora_weights(
+        out, **{f"{name}_lora_layers": get_peft_model_state_dict(policy.denoiser),
+                f"{name}_lora_adapter_metadata": policy.denoiser.peft_config["default"].to_dict()})
+    return Path(out)
+
+
+def export_pipeline(policy: FlowPolicy, out: str | Path) -> Path:
+    """Writes the whole pipeline with the trained denoiser; LoRA adapters are fused into it first, **in place** (the
+    policy then has no adapters: export from a policy you no longer train)."""
+    _check_exportable(policy)
+    if policy.lora is not None:
+        policy.denoiser.fuse_lora()
+        policy.denoiser.unload_lora()
+    policy.pipeline().save_pretrained(out)
+    return Path(out)
+
+
+def _check_exportable(policy: FlowPolicy) -> None:
+    if not hasattr(policy, "pipeline"):
+        raise ValueError(f"{type(policy).__name__} is not backed by a diffusers pipeline and cannot be exported; "
+                         "export works for SD3Policy, FluxPolicy and the other pipeline adapters")
+
+
+def find_run_config(ckpt: Path) -> Path:
+    """The ``config.yaml`` LightningCLI saved for the run of ``ckpt`` (its folder or the one above)."""
+    for folder in (ckpt.parent, ckpt.parent.parent):
+        if (folder / "config.yaml").is_file():
+            return folder / "config.yaml"
+    raise FileNotFoundError(f"no config.yaml beside {ckpt} or in {ckpt.parent.parent}; pass the run's config with "
+                            "--config (the file given to `fit --config`, with the same policy settings)")
+
+
+def policy_from_config(config: Path) -> FlowPolicy:
+    """Instantiates ``model.init_args.policy`` of a fit config (the frozen weights load from its model path)."""
+    from jsonargparse import ArgumentParser
+
+    spec = (yaml.safe_load(config.read_text()) or {}).get("model", {}).get("init_args", {}).get("policy")
+    if spec is None:
+        raise ValueError(f"{config} has no model.init_args.policy; pass the config of the run that wrote the "
+                         "checkpoint")
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(FlowPolicy, "policy")
+    return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy
+
+
+def load_policy(ckpt: str | Path, config: Optional[str | Path] = None) -> FlowPolicy:
+    """The policy of a fit run with the checkpoint's trained weights."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"checkpoint {ckpt} does not exist; pass a .ckpt written by the fit run")
+    policy = policy_from_config(Path(config) if config else find_run_config(ckpt))
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    weights = {k[len("policy."):]: v for k, v in state.items()
+               if k.startswith("policy.") and not k.startswith("policy." + REFERENCE_PREFIX)}
+    policy.load_state_dict(weights)
+    return policy
+
+
+def main(args: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flowrl export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", required=True, help="a checkpoint of a fit run")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--config", help="the run's config (default: config.yaml saved beside the checkpoints)")
+    parser.add_argument("--merged", action="store_true", help="also write the pipeline with LoRA fused, to OUT/merged")
+    opts = parser.parse_args(args)
+    policy = load_policy(opts.ckpt, opts.config)
+    out = Path(opts.out)
+    if policy.lora is None:
+        print(f"flowrl export: full pipeline -> {export_pipeline(policy, out)}")
+        return
+    print(f"flowrl export: LoRA weights -> {export_lora(policy, out)}")
+    if opts.merged:
+        print(f"flowrl export: merged pipeline -> {export_pipeline(policy, out / 'merged')}")
