@@ -214,6 +214,13 @@ class GRPOLoop(LightningModule):
         """Every reward callback's scores ``{name: [B]}``."""
         return {r.name: r.score(images, prompts, metadata) for r in reward_callbacks(self.trainer.callbacks)}
 
+    def total_score(self, images: Tensor, prompts: list[str]) -> Tensor:
+        """Weighted total of every reward callback ``[B]`` (NaN where any reward is not finite), e.g. for the ODE
+        completions of dense step-reward methods."""
+        weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
+        total, valid = weighted_sum(self.score(images, prompts), weights)
+        return torch.where(valid, total, torch.nan)
+
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         started = time.perf_counter()
         self.policy.eval()  # no dropout: sampling and training must see the same network

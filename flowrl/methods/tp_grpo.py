@@ -123,12 +123,6 @@ class TPGRPO(GRPOLoop):
                                                              self.total_score, self.reward_chunk_size),
                        nfe=self.num_steps + round(completed.nfe.sum(1).float().mean().item()))
 
-    def total_score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        """Weighted total of every reward callback ``[n]`` (NaN where any reward is not finite)."""
-        weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
-        total, valid = weighted_sum(self.score(images, prompts), weights)
-        return torch.where(valid, total, torch.nan)
-
     def window_rewards(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """This rank's ``R [B, n+1]`` (completions, then the final image's weighted reward) and validity ``[B]``."""
         weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
