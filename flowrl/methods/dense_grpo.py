@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from flowrl.methods.grpo_loop import GRPOLoop, loss_problems, option_problems
+from flowrl.methods.grpo_loop import GRPOLoop, option_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import weighted_sum
 from flowrl.rewards.base import reward_callbacks
@@ -27,16 +27,18 @@ from flowrl.sampling.completion_rewards import completion_rewards
 from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
 from flowrl.sampling.ode_complete import complete_trajectories
 from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.steps import ode_kind
 
 #: Flow-GRPO's numerics (population std, +1e-4, clip 5) per (group, step), the std of Eq. 10 being the group's.
 DEFAULT_ADVANTAGE_OPTIONS = {"eps": 1e-4, "ddof": 0, "std_scope": "group", "clip": 5.0}
 _CALIBRATION_SEED_OFFSET = 1 << 40  # calibration noise never repeats a training sample's seed
 
 
-def dense_problems(completion_steps: Optional[int] = None, completion_chunk_size: Optional[int] = None,
-                   reward_chunk_size: Optional[int] = None, calibration: Optional[NoiseCalibration] = None,
-                   reward_aggregation: str = "sum", **_: Any) -> list[str]:
-    """Problems with DenseGRPO's own options, each naming the key and the fix."""
+def dense_option_problems(completion_steps: Optional[int] = None, completion_chunk_size: Optional[int] = None,
+                          reward_chunk_size: Optional[int] = None, calibration: Any = NoiseCalibration(),
+                          advantage: str = "step_grpo", advantage_options: Optional[dict] = None,
+                          reward_aggregation: str = "sum", **loop_options: Any) -> list[str]:
+    """Problems with DenseGRPO's options and the loop's, each naming the key and the fix (before weights load)."""
     problems = []
     for key, value in [("completion_steps", completion_steps), ("completion_chunk_size", completion_chunk_size),
                        ("reward_chunk_size", reward_chunk_size)]:
@@ -49,7 +51,10 @@ def dense_problems(completion_steps: Optional[int] = None, completion_chunk_size
     if reward_aggregation != "sum":
         problems.append(f"model.reward_aggregation={reward_aggregation!r}: DenseGRPO takes differences of raw "
                         "weighted rewards between completions; use reward_aggregation: sum")
-    return problems
+    if advantage_options is None and advantage == "step_grpo":
+        advantage_options = DEFAULT_ADVANTAGE_OPTIONS
+    return problems + option_problems(advantage=advantage, advantage_options=advantage_options,
+                                      reward_aggregation=reward_aggregation, **loop_options)
 
 
 class DenseGRPO(GRPOLoop):
@@ -66,19 +71,20 @@ class DenseGRPO(GRPOLoop):
             clip 5`` (Flow-GRPO's numerics per (group, step)); a dict replaces them.
     """
 
+    option_problems = staticmethod(dense_option_problems)  # the CLI checks a config with it before loading weights
+
     def __init__(self, policy: FlowPolicy, completion_steps: Optional[int] = None,
                  completion_chunk_size: Optional[int] = None, reward_chunk_size: Optional[int] = None,
                  calibration: Optional[NoiseCalibration] = NoiseCalibration(), advantage: str = "step_grpo",
                  advantage_options: Optional[dict[str, Any]] = None, **kwargs: Any):
         if advantage_options is None and advantage == "step_grpo":
             advantage_options = dict(DEFAULT_ADVANTAGE_OPTIONS)
-        options = dict(advantage=advantage, advantage_options=advantage_options, **kwargs)
-        problems = dense_problems(completion_steps, completion_chunk_size, reward_chunk_size, calibration,
-                                  kwargs.get("reward_aggregation", "sum"))
-        problems += option_problems(**options) + loss_problems(**options)
+        problems = dense_option_problems(completion_steps, completion_chunk_size, reward_chunk_size, calibration,
+                                         advantage, advantage_options, **kwargs)
         if problems:
             raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
-        super().__init__(policy, **options)
+        # **kwargs passed on unchanged: jsonargparse reads the loop's signature through it (--help, YAML checks)
+        super().__init__(policy, advantage=advantage, advantage_options=advantage_options, **kwargs)
         self.completion_steps, self.completion_chunk_size = completion_steps, completion_chunk_size
         self.reward_chunk_size, self.calibration = reward_chunk_size, calibration
         factors = noise_scale_factors(policy.sigmas(self.num_steps).float(), self.step_kind)
@@ -98,7 +104,8 @@ class DenseGRPO(GRPOLoop):
         rollout = super().rollout(batch, cond)
         velocity = lambda z, s, rows: self.policy.velocity(z, s, cond.select(rows), self.guidance_scale)  # noqa: E731
         completed = complete_trajectories(velocity, rollout.latents, rollout.sigmas[0],
-                                          completion_steps=self.completion_steps, chunk_size=self.completion_chunk_size)
+                                          completion_steps=self.completion_steps, chunk_size=self.completion_chunk_size,
+                                          step_kind=ode_kind(self.step_kind))
         rollout.completion_rewards = completion_rewards(self.policy.decode, completed.latents, rollout.prompts,
                                                         self.total_score, self.reward_chunk_size)
         rollout.nfe += round(completed.nfe.sum(1).float().mean().item())  # the same for every trajectory

@@ -15,6 +15,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from flowrl.sampling.steps import get_step
+
 #: ``velocity(z [M, ...], sigma [M], rows [M] long) -> v [M, ...]``; ``rows`` index the batch's conditioning.
 RowVelocityFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -71,7 +73,8 @@ def completion_sigmas(sigmas: Tensor, start: Tensor, completion_steps: Optional[
 
 @torch.no_grad()
 def ode_complete(velocity: RowVelocityFn, latents: Tensor, rows: Tensor, start: Tensor, sigmas: Tensor,
-                 completion_steps: Optional[int] = None, chunk_size: Optional[int] = None) -> Completion:
+                 completion_steps: Optional[int] = None, chunk_size: Optional[int] = None,
+                 step_kind: str = "ode") -> Completion:
     """Complete ``latents`` to sigma 0 with the Euler ODE, every (trajectory, start) pair in one batch.
 
     Args:
@@ -82,6 +85,8 @@ def ode_complete(velocity: RowVelocityFn, latents: Tensor, rows: Tensor, start: 
         sigmas: ``[T + 1]`` shared schedule from 1 to 0.
         completion_steps: Euler steps per completion (capped by the remaining steps); None: the remaining schedule.
         chunk_size: at most this many rows per velocity call (memory); None: all active pairs at once.
+        step_kind: the deterministic step (``ode``; ``ddim_ode`` for epsilon-prediction models, see
+            :func:`~flowrl.sampling.steps.ode_kind`).
     Returns:
         :class:`Completion` with latents ``[N, *shape]`` (float32) and nfe ``[N]``.
 
@@ -94,6 +99,7 @@ def ode_complete(velocity: RowVelocityFn, latents: Tensor, rows: Tensor, start: 
     if latents.shape[0] != rows.shape[0] or latents.shape[0] != start.shape[0]:
         raise ValueError(f"latents, rows and start need one entry per state; got {latents.shape[0]}, "
                          f"{rows.shape[0]} and {start.shape[0]}")
+    step = get_step(step_kind)
     grid, steps = completion_sigmas(sigmas.float(), start, completion_steps)
     grid, steps, rows = grid.to(latents.device), steps.to(latents.device), rows.long().to(latents.device)
     z = latents.float().clone()
@@ -101,14 +107,13 @@ def ode_complete(velocity: RowVelocityFn, latents: Tensor, rows: Tensor, start: 
         active = (steps > i).nonzero().squeeze(1)  # pairs that have not reached sigma 0
         for part in active.split(chunk_size or max(len(active), 1)):
             sigma, sigma_next = grid[part, i], grid[part, i + 1]
-            v = velocity(z[part], sigma, rows[part]).float()
-            z[part] = z[part] + (sigma_next - sigma).view(-1, *([1] * (z.ndim - 1))) * v
+            z[part] = step(z[part], velocity(z[part], sigma, rows[part]), sigma, sigma_next).z_next
     return Completion(latents=z, nfe=steps)
 
 
 def complete_trajectories(velocity: RowVelocityFn, trajectory_latents: Tensor, sigmas: Tensor,
                           starts: Optional[Tensor] = None, completion_steps: Optional[int] = None,
-                          chunk_size: Optional[int] = None) -> Completion:
+                          chunk_size: Optional[int] = None, step_kind: str = "ode") -> Completion:
     """ODE completions of the states of a batch of rollouts, all in one :func:`ode_complete` batch.
 
     Args:
@@ -128,6 +133,7 @@ def complete_trajectories(velocity: RowVelocityFn, trajectory_latents: Tensor, s
     starts = torch.arange(num_states - 1, device=device) if starts is None else starts.long().to(device)
     rows = torch.arange(batch, device=device).repeat_interleave(len(starts))  # [B * K] trajectory-major
     start = starts.repeat(batch)  # [B * K]
-    out = ode_complete(velocity, trajectory_latents[rows, start], rows, start, sigmas, completion_steps, chunk_size)
+    out = ode_complete(velocity, trajectory_latents[rows, start], rows, start, sigmas, completion_steps, chunk_size,
+                       step_kind)
     shape = (batch, len(starts))
     return Completion(latents=out.latents.reshape(*shape, *out.latents.shape[1:]), nfe=out.nfe.reshape(shape))

@@ -1,6 +1,7 @@
 """DenseGRPO on a random-weight tiny model: the issue's worked example, telescoping, NFE counted through the model,
 exploration-space calibration (Alg. 1) by hand, its checkpoint round trip and resume, and option errors."""
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from flowrl.cli import main
 from flowrl.data import PromptDataModule
 from flowrl.methods import DenseGRPO
 from flowrl.policies import LoraOptions, TinyFlowPolicy
@@ -16,6 +18,7 @@ from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_upda
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import flow_grpo_step
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["red 1 and blue 2", "green 3 and red 4", "blue 5 and green 6"]
 # the issue's worked example: R before / after each step in sampling order, G=3, T=3
 R = torch.tensor([[0.40, 0.50, 0.55, 0.70], [0.40, 0.35, 0.60, 0.50], [0.40, 0.45, 0.40, 0.45]])
@@ -178,3 +181,26 @@ def test_bad_options_fail_at_construction_with_the_key_named(policy):
     for part in ("model.completion_steps=0", "reward_aggregation='gdpo'", "samples=0", "eps2=-1",
                  "model.advantage"):
         assert part in message
+
+
+def test_cli_fit_with_the_tiny_config_logs_nfe(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    main(["fit", "--config", "configs/tiny_dense_grpo.yaml", "--trainer.max_steps=2", "--trainer.logger=false",
+          "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
+          f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks=[flowrl.rewards.DigitAlignment]",
+          "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false", "--data.num_groups=2",
+          "--data.group_size=2", "--model.init_args.num_steps=3", "--model.init_args.calibration.samples=4",
+          "--model.init_args.calibration.iterations=1"])
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    nfe = [float(r["rollout/nfe"]) for r in rows if r.get("rollout/nfe")]
+    per_step = [float(r["rollout/nfe_per_trained_step"]) for r in rows if r.get("rollout/nfe_per_trained_step")]
+    assert nfe == [9.0, 9.0]  # 3 SDE steps + completions of 3, 2 and 1 steps
+    assert per_step == [4.5, 4.5]  # 9 evaluations per trajectory over floor(3 * 0.99) = 2 trained steps
+    assert all(r["train/advantage/std"] for r in rows if r.get("rollout/nfe"))
+
+
+def test_cli_rejects_bad_dense_options_before_loading(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit, match="model.completion_steps=0"):
+        main(["fit", "--config", "configs/tiny_dense_grpo.yaml", "--model.init_args.completion_steps=0",
+              f"--model.init_args.policy.init_args.model={tmp_path / 'nope'}"])
