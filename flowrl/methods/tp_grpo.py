@@ -111,8 +111,8 @@ class TPGRPO(GRPOLoop):
         velocity = lambda z, s: self.policy.velocity(z, s, cond, self.guidance_scale)  # noqa: E731
         latents, log_probs = sample(velocity, batch["seeds"], sigmas, self.policy.latent_shape(), self.step_kind,
                                     self.noise_levels(), mask, self.device)
-        rows_velocity = lambda z, s, rows: self.policy.velocity(z, s, cond.select(rows), self.guidance_scale)  # noqa: E731
-        completed = complete_trajectories(rows_velocity, latents, sigmas, torch.arange(start, end),
+        by_row = lambda z, s, rows: self.policy.velocity(z, s, cond.select(rows), self.guidance_scale)  # noqa: E731
+        completed = complete_trajectories(by_row, latents, sigmas, torch.arange(start, end),
                                           self.completion_steps, self.completion_chunk_size)
         size = latents.shape[0]
         train = trained_steps(mask, 1.0, sigmas.cpu(), self.step_kind).to(self.device)
