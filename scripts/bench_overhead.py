@@ -21,14 +21,17 @@ from flowrl.policies import TinyFlowPolicy
 from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def timed(fns, repeats: int) -> list[float]:
+    """Median seconds of each function, the calls interleaved so that a change in machine load hits all alike."""
+    for fn in fns:
+        fn()  # warm-up
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, out in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -68,7 +71,7 @@ def main() -> None:
             z = z + (sigmas[k + 1] - sigmas[k]) * (v_u + args.guidance * (v_c - v_u))
         return z
 
-    rollout_flowrl, rollout_bare = timed(flowrl_rollout, args.repeats), timed(bare_rollout, args.repeats)
+    rollout_flowrl, rollout_bare = timed([flowrl_rollout, bare_rollout], args.repeats)
 
     latents, log_probs = flowrl_rollout()
     mask = trained_steps(sde_steps(args.steps, "flow_grpo"), 0.99, sigmas, "flow_grpo")
@@ -98,7 +101,7 @@ def main() -> None:
         for p in params:
             p.grad = None
 
-    train_flowrl, train_bare = timed(flowrl_train, args.repeats), timed(bare_train, args.repeats)
+    train_flowrl, train_bare = timed([flowrl_train, bare_train], args.repeats)
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}; batch {args.batch}, "
           f"T={args.steps}, CFG {args.guidance}, {len(pairs)} trained pairs, micro-batch {args.micro_batch}")
     print(f"rollout:  flowrl {rollout_flowrl * 1e3:8.1f} ms | bare {rollout_bare * 1e3:8.1f} ms | "
