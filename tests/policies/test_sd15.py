@@ -72,7 +72,8 @@ def test_ode_sample_equals_the_diffusers_pipeline(sd15_dir):
 def test_ddim_rollout_replays_through_the_policy(sd15_dir):
     """A stochastic (eta 1) rollout's recorded log-probs are recomputed by the step on the recorded states."""
     policy = sd15(sd15_dir)
-    loop = FlowGRPO(policy, step_kind="ddim", noise_level=1.0, num_steps=3, guidance_scale=2.0)
+    loop = FlowGRPO(policy, step_kind="ddim", noise_level=1.0, num_steps=3, guidance_scale=2.0,
+                    timestep_fraction=1.0)
     batch = {"prompts": ["a red cat", "a blue dog"], "seeds": torch.tensor([1, 2]), "group_ids": torch.tensor([0, 0])}
     cond = policy.encode(batch["prompts"])
     with torch.no_grad():
@@ -95,8 +96,8 @@ def test_step_kind_must_read_what_the_policy_predicts(tmp_path):
     assert not option_problems(step_kind="ddim", policy=sd15_config)
     # through the CLI, before the (missing) model would load
     with pytest.raises(SystemExit, match="model.step_kind='flow_grpo' reads the model output as a velocity"):
-        main(["fit", "--config", str(HERE / "fit_pipeline.yaml"), "--config", str(HERE / "fit_sd15.yaml"),
-              f"--model.init_args.policy.init_args.model={tmp_path / 'nope'}", "--model.init_args.step_kind=flow_grpo"])
+        main(["fit", "--config", str(HERE / "fit_sd15.yaml"), "--model.init_args.step_kind=flow_grpo",
+              f"--model.init_args.policy.init_args.model={tmp_path / 'nope'}"])
 
 
 def test_bad_options_fail_clearly(sd15_dir):
@@ -110,24 +111,25 @@ def metrics(out):
     return {k: float(v) for row in rows for k, v in row.items() if v}
 
 
-def fit_args(model_dir, out, *extra):
-    return ["fit", "--config", str(HERE / "fit_pipeline.yaml"), "--config", str(HERE / "fit_sd15.yaml"),
+def fit_args(model_dir, out, layers, *rest):
+    """``layers``: more ``--config`` files, layered right after ``fit_sd15.yaml`` (full_finetune.yaml sets lora null:
+    a command-line ``lora=null`` reaches the policy as the string 'None')."""
+    return ["fit", "--config", str(HERE / "fit_sd15.yaml"), *layers,
             f"--model.init_args.policy.init_args.model={model_dir}", f"--trainer.default_root_dir={out}",
-            f"--trainer.logger.init_args.save_dir={out}", *extra]
+            f"--trainer.logger.init_args.save_dir={out}", *rest]
 
 
-@pytest.mark.parametrize("lora", ["{rank: 4, alpha: 8}", "null"], ids=["lora", "full"])
-def test_fit_one_step_is_on_policy_and_resumes(sd15_dir, tmp_path, lora):
+@pytest.mark.parametrize("layers", [[], ["--config", str(HERE / "full_finetune.yaml")]], ids=["lora", "full"])
+def test_fit_one_step_is_on_policy_and_resumes(sd15_dir, tmp_path, layers):
     ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
             "--trainer.callbacks.every_n_train_steps=1", "--trainer.callbacks.save_top_k=-1"]
-    main(fit_args(sd15_dir, tmp_path / "a", f"--model.init_args.policy.init_args.lora={lora}", *ckpt))
+    main(fit_args(sd15_dir, tmp_path / "a", layers, *ckpt))
     logged = metrics(tmp_path / "a")
     assert logged["train/check_ratio_max_dev"] < 1e-5  # fp32 on CPU: the recomputed DDIM log-probs match
     assert logged["train/kl"] >= 0 and "train/reward/total" in logged
     saved = next(Path(tmp_path / "a").rglob("*step=1.ckpt"))
     state = torch.load(saved, weights_only=False)["state_dict"]
     trained = [k for k in state if k.startswith("policy.denoiser.")]
-    assert trained and all(("lora_" in k) == (lora != "null") for k in trained)
-    main(fit_args(sd15_dir, tmp_path / "b", f"--model.init_args.policy.init_args.lora={lora}",
-                  "--trainer.max_steps=2", f"--ckpt_path={saved}"))
+    assert trained and all(("lora_" in k) == (not layers) for k in trained)
+    main(fit_args(sd15_dir, tmp_path / "b", layers, "--trainer.max_steps=2", f"--ckpt_path={saved}"))
     assert "train/reward/total" in metrics(tmp_path / "b")
