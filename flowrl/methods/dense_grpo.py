@@ -122,12 +122,6 @@ class DenseGRPO(GRPOLoop):
         rollout.step_rewards = rewards.diff(dim=1).nan_to_num(0.0)  # invalid rows are masked out by the loop
         return rollout.step_rewards
 
-    def total_score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        """Weighted total of every reward callback ``[n]`` (non-finite where any reward is)."""
-        weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
-        total, valid = weighted_sum(self.score(images, prompts), weights)
-        return torch.where(valid, total, torch.nan)
-
     # -- exploration-space calibration ---------------------------------------------------------------------
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
