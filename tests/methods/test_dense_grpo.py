@@ -139,8 +139,8 @@ def test_calibration_applies_alg1_and_the_steps_use_psi(policy):
     z = torch.zeros(1, 1)
     for k in range(3):
         out = flow_grpo_step(z, z, sigmas[k], sigmas[k + 1], torch.zeros(1, 1), noise_level=module.noise_levels()[k])
-        assert out.std.item() == pytest.approx(module.noise_scales[k].item() * (sigmas[k] - sigmas[k + 1]).sqrt().item(),
-                                               rel=1e-5)
+        expected = module.noise_scales[k] * (sigmas[k] - sigmas[k + 1]).sqrt()
+        assert out.std.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def fit(model_dir, root, steps, calibration, ckpt_path=None):
