@@ -28,6 +28,7 @@ from flowrl.rewards.base import reward_callbacks
 from flowrl.sampling.completion_rewards import completion_rewards
 from flowrl.sampling.ode_complete import complete_trajectories
 from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
+from flowrl.sampling.steps import ode_kind
 
 #: ``step_grpo`` as the authors' stat tracker: per (prompt, step) population std, +1e-4, advantages clipped to 5.
 TP_ADVANTAGE_OPTIONS: dict[str, Any] = {"eps": 1e-4, "ddof": 0, "std_scope": "group", "clip": 5.0}
@@ -113,7 +114,8 @@ class TPGRPO(GRPOLoop):
                                     self.noise_levels(), mask, self.device)
         by_row = lambda z, s, rows: self.policy.velocity(z, s, cond.select(rows), self.guidance_scale)  # noqa: E731
         completed = complete_trajectories(by_row, latents, sigmas, torch.arange(start, end),
-                                          self.completion_steps, self.completion_chunk_size)
+                                          self.completion_steps, self.completion_chunk_size,
+                                          step_kind=ode_kind(self.step_kind))  # DDIM models complete with DDIM
         size = latents.shape[0]
         train = trained_steps(mask, 1.0, sigmas.cpu(), self.step_kind).to(self.device)
         return Rollout(prompts=batch["prompts"], group_ids=batch["group_ids"], seeds=batch["seeds"],
