@@ -4,7 +4,8 @@
     python scripts/plot_rewards.py flow=a/metrics.csv dense=b/metrics.csv --x nfe --out compare.png
 
 Each run draws its per-step training reward (thin), a moving average (thick) and its validation points (markers).
-``--x nfe`` puts the cumulative number of model evaluations on the x axis (``rollout/nfe`` summed over steps).
+``--x nfe`` puts the cumulative model evaluations per trajectory on the x axis (``rollout/nfe`` summed over steps;
+proportional to total compute when the runs share a batch size).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def plot(runs: dict[str, Path], out: Path, key: str = "reward/total", x: str = "
         vx, vy = series(rows, f"val/{key}", x)
         if vx:
             ax.plot(vx, vy, "o--", color=color, ms=6, label=f"{label} validation")
-    ax.set_xlabel("model evaluations (NFE)" if x == "nfe" else "optimizer step")
+    # rollout/nfe is per trajectory: with equal batch sizes its running sum is proportional to the total compute
+    ax.set_xlabel("model evaluations per trajectory, cumulative (NFE)" if x == "nfe" else "optimizer step")
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
