@@ -17,7 +17,8 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 
 from flowrl.data import GroupLayout, PromptDataModule
-from flowrl.methods.grpo_loop import GRPOLoop, option_problems
+from flowrl.methods.grpo_loop import GRPOLoop
+from flowrl.methods.options import option_problems
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,  # the group sampler already splits batches over ranks

@@ -19,7 +19,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from flowrl.methods.grpo_loop import GRPOLoop, option_problems
+from flowrl.methods.grpo_loop import GRPOLoop
+from flowrl.methods.options import option_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import weighted_sum
 from flowrl.rewards.base import reward_callbacks

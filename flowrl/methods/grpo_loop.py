@@ -8,7 +8,6 @@ Methods override ``rollout``, ``step_rewards``, ``compute_advantages`` and ``los
 
 from __future__ import annotations
 
-import importlib
 import time
 from contextlib import nullcontext
 from typing import Any, Optional
@@ -21,84 +20,12 @@ from torch import Tensor
 
 from flowrl import advantages as adv_lib
 from flowrl import losses
+from flowrl.methods.options import loss_problems, option_problems, resolved_loss_options
 from flowrl.policies.base import Conditioning, FlowPolicy
-from flowrl.rewards.aggregate import AGGREGATIONS, aggregate, weighted_sum
+from flowrl.rewards.aggregate import aggregate, weighted_sum
 from flowrl.rewards.base import reward_callbacks
 from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
-from flowrl.sampling.steps import ODE_STEPS, PREDICTIONS, STEPS, get_step
-
-
-def resolved_loss_options(loss: str, clip_range: float, loss_options: Optional[dict] = None) -> dict[str, Any]:
-    """The policy loss's options: ``clip_range`` is its ``clip_low`` (where it has one) unless ``loss_options`` says.
-
-    >>> resolved_loss_options("vanilla", 1e-4, {"clip_high": 2e-4})
-    {'clip_low': 0.0001, 'clip_high': 0.0002}
-    """
-    base = {"clip_low": clip_range} if "clip_low" in losses.policy_loss_options(loss) else {}
-    return {**base, **(loss_options or {})}
-
-
-def loss_problems(loss: str = "vanilla", loss_options: Optional[dict] = None, clip_range: float = 1e-4,
-                  **_: Any) -> list[str]:
-    """Problems with ``model.loss`` and ``model.loss_options`` (checked before any weight loads)."""
-    if loss not in losses.available_policy_losses():
-        return [f"model.loss={loss!r}: choose a policy loss from {losses.available_policy_losses()}"]
-    try:
-        losses.check_policy_loss(loss, **resolved_loss_options(loss, clip_range, loss_options))
-    except ValueError as err:
-        return [f"model.loss_options: {err}"]
-    return []
-
-
-def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_fraction: float = 0.99,
-                    num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
-                    advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict] = None,
-                    reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None,
-                    policy: Any = None, **_: Any) -> list[str]:
-    """Problems with the loop's options, each naming the key and the fix (checked before any weight loads).
-
-    ``policy`` (an adapter, or its parsed ``{class_path, init_args}``) is checked against ``step_kind``: a step reads
-    the model output as a velocity (flow models) or a noise prediction (SD1.5), and the two must agree.
-    """
-    problems = []
-    sde_kinds = sorted(set(STEPS) - set(ODE_STEPS.values()))
-    if step_kind not in sde_kinds:
-        problems.append(f"model.step_kind={step_kind!r}: choose an SDE step from {sde_kinds}")
-    elif (predicts := policy_prediction(policy)) and PREDICTIONS[step_kind] != predicts:
-        fitting = [k for k in sde_kinds if PREDICTIONS[k] == predicts]
-        problems.append(f"model.step_kind={step_kind!r} reads the model output as a {PREDICTIONS[step_kind]}, but "
-                        f"the policy predicts {predicts}; choose a step kind from {fitting}")
-    if num_steps < 1 or not 0 < timestep_fraction <= 1:
-        problems.append(f"model.num_steps={num_steps} must be >= 1 and model.timestep_fraction={timestep_fraction} "
-                        "in (0, 1]")
-    if min(num_inner_epochs, num_minibatches, micro_batch_size) < 1:
-        problems.append("model.num_inner_epochs, num_minibatches and micro_batch_size must be >= 1")
-    try:
-        adv_lib.resolve(advantage, **(advantage_options or {}))
-    except ValueError as err:
-        problems.append(f"model.advantage: {err}")
-    problems += loss_problems(**_)
-    if reward_aggregation not in AGGREGATIONS:
-        problems.append(f"model.reward_aggregation={reward_aggregation!r}: choose one of {sorted(AGGREGATIONS)}")
-    if sample_chunk_size is not None and sample_chunk_size < 1:
-        problems.append(f"model.sample_chunk_size={sample_chunk_size} must be >= 1 (or null: the whole batch at once)")
-    return problems
-
-
-def policy_prediction(policy: Any) -> Optional[str]:
-    """What a policy's network predicts (``FlowPolicy.prediction``), from the adapter or its parsed config.
-
-    >>> policy_prediction({"class_path": "flowrl.policies.TinyFlowPolicy"}), policy_prediction(None)
-    ('velocity', None)
-    """
-    if isinstance(policy, FlowPolicy):
-        return policy.prediction
-    path = policy.get("class_path") if isinstance(policy, dict) else getattr(policy, "class_path", None)
-    if not isinstance(path, str) or "." not in path:
-        return None
-    module, _, name = path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None)
-    return getattr(cls, "prediction", None)
+from flowrl.sampling.steps import ODE_STEPS, get_step
 
 
 class GRPOLoop(LightningModule):

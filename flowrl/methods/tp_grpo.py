@@ -20,7 +20,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from flowrl.methods.grpo_loop import GRPOLoop, option_problems
+from flowrl.methods.grpo_loop import GRPOLoop
+from flowrl.methods.options import option_problems
 from flowrl.methods.turning_points import FIRST_STEP_RULES, tp_step_rewards
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import weighted_sum

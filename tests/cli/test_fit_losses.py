@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from flowrl.cli import main
-from flowrl.methods.grpo_loop import loss_problems
+from flowrl.methods.options import loss_problems
 from tests.cli.test_fit import CONFIG, fit_args
 
 ROOT = Path(__file__).resolve().parents[2]

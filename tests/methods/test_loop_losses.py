@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flowrl.methods import GRPOLoop
-from flowrl.methods.grpo_loop import option_problems
+from flowrl.methods.options import option_problems
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 
 

@@ -11,7 +11,7 @@ from diffusers import DDIMScheduler, StableDiffusionPipeline
 
 from flowrl.cli import main
 from flowrl.methods import FlowGRPO
-from flowrl.methods.grpo_loop import option_problems
+from flowrl.methods.options import option_problems
 from flowrl.policies import LoraOptions, SD15Policy
 from flowrl.sampling.steps import ddim_step
 from flowrl.sampling.rollout import seeded_noise
