@@ -1,0 +1,68 @@
+"""scripts/bench_models.py: the buffer's bytes from known tensor sizes, the bare calls are the adapter's own model
+calls, and one measurement per adapter at the smallest size has the reported structure."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrl.sampling.rollout import Rollout
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_models.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_models", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_models"] = module  # its dataclass looks the module up while being defined
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["bench_models"]
+
+
+def test_buffer_bytes_from_known_sizes(bench):
+    # B=2, T=3, latents 1x2x2 float32: 2*4*4*4 = 128 bytes; log_probs 2*3*4 = 24; sigmas expanded from [4]: 16;
+    # train_mask 2*3 bool: 6; group_ids and seeds 2 longs each: 32; rewards {"r": [2] float32}: 8
+    rollout = Rollout(["a", "b"], torch.zeros(2).long(), torch.arange(2), torch.zeros(2, 4, 1, 2, 2),
+                      torch.zeros(2, 3), torch.linspace(1, 0, 4).expand(2, -1), torch.ones(2, 3, dtype=torch.bool),
+                      rewards={"r": torch.zeros(2)})
+    assert bench.buffer_bytes(rollout) == 128 + 24 + 16 + 6 + 32 + 8
+    assert bench.latent_bytes(2, 3, (1, 2, 2)) == 128
+    # a view of a larger tensor costs the larger tensor; two views of one storage count once
+    big = torch.zeros(4, 4, 1, 2, 2)
+    rollout.latents, rollout.images = big[:2], big[2:]
+    assert bench.buffer_bytes(rollout) == 256 + 24 + 16 + 6 + 32 + 8
+
+
+@pytest.mark.parametrize("name", ["tiny", "sd3", "flux", "sd15"])
+def test_bare_output_is_the_adapters_guided_output(bench, name, tmp_path):
+    policy, make_bare, _, _ = bench.build_policy(name, tmp_path)
+    cond = policy.encode(["a red cat", "a blue dog"])
+    sigmas = policy.sigmas(3)
+    bare = make_bare(policy, cond, sigmas, 3.0)
+    z, k, rows = torch.randn(2, *policy.latent_shape()), torch.tensor([0, 2]), torch.tensor([1, 0])
+    with torch.no_grad():
+        want = policy.velocity(z, sigmas[k], cond.select(rows), 3.0)
+        got = bare.output(bare.layout(z), k, rows)
+    torch.testing.assert_close(got, bare.layout(want), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["tiny", "sd15"])
+def test_measure_reports_every_field(bench, name, tmp_path):
+    result = bench.measure(name, tmp_path, batch=2, steps=2, micro_batch=2, repeats=1)
+    shape = result["latent_shape"]
+    assert result["latent_bytes"] == 2 * 3 * torch.Size(shape).numel() * 4
+    assert result["latent_bytes"] <= result["buffer_bytes"] <= 1.2 * result["latent_bytes"]
+    assert result["pairs"] >= 1 and all(result[key] > 0 for key in
+                                        ("rollout_flowrl", "rollout_bare", "train_flowrl", "train_bare"))
+    text = bench.table([result])
+    assert text.count("\n") == 2 and f"| {name} | {'x'.join(map(str, shape))} |" in text
+
+
+def test_bad_sizes_are_refused_before_any_work(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--batch", "0"])
+    assert "--batch=0 must be >= 1" in capsys.readouterr().err
