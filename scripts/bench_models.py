@@ -166,14 +166,16 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
         from flowrl.policies import SD3Policy
 
         path = save_pipeline(StableDiffusion3Pipeline, sd3_components, root / "sd3")
-        return SD3Policy(str(path), lora=lora, resolution=32, max_sequence_length=8), cfg_transformer, "flow_grpo", 0.7
+        policy = SD3Policy(str(path), lora=lora, resolution=32, max_sequence_length=8)
+        return policy, cfg_transformer, "flow_grpo", 0.7
     if name == "flux":
         from diffusers import FluxPipeline
 
         from flowrl.policies import FluxPolicy
 
         path = save_pipeline(FluxPipeline, flux_components, root / "flux")
-        return FluxPolicy(str(path), lora=lora, resolution=32, max_sequence_length=8), flux_transformer, "flow_grpo", 0.7
+        policy = FluxPolicy(str(path), lora=lora, resolution=32, max_sequence_length=8)
+        return policy, flux_transformer, "flow_grpo", 0.7
     if name == "sd15":
         from flowrl.policies import SD15Policy
         from tests.policies.tiny_sd15 import save_sd15
@@ -247,7 +249,8 @@ def table(results: list[dict]) -> str:
             f"| {r['model']} | {'x'.join(map(str, r['latent_shape']))} | {r['pairs']} | "
             f"{r['rollout_flowrl'] * 1e3:.1f} / {r['rollout_bare'] * 1e3:.1f} | "
             f"{r['rollout_flowrl'] / r['rollout_bare']:.3f} | "
-            f"{r['train_flowrl'] * 1e3:.1f} / {r['train_bare'] * 1e3:.1f} | {r['train_flowrl'] / r['train_bare']:.3f} | "
+            f"{r['train_flowrl'] * 1e3:.1f} / {r['train_bare'] * 1e3:.1f} | "
+            f"{r['train_flowrl'] / r['train_bare']:.3f} | "
             f"{r['buffer_bytes'] / 1024:.1f} / {r['latent_bytes'] / 1024:.1f} | "
             f"{r['buffer_bytes'] / r['latent_bytes']:.3f} |")
     return "\n".join(lines)
