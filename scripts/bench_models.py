@@ -20,10 +20,8 @@ pipelines built as the tests build them, saved to a temporary folder and loaded 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
@@ -37,21 +35,9 @@ from flowrl.methods.flow_grpo import FlowGRPO  # noqa: E402
 from flowrl.policies import LoraOptions  # noqa: E402
 from flowrl.policies.base import FlowPolicy  # noqa: E402
 from flowrl.sampling.rollout import Rollout  # noqa: E402
+from scripts.bench_overhead import timed  # noqa: E402
 
 MODELS = ("tiny", "sd3", "flux", "sd15")
-
-
-def timed(fns, repeats: int) -> list[float]:
-    """Median seconds of each function, the calls interleaved so that a change in machine load hits all alike."""
-    for fn in fns:
-        fn()  # warm-up
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, out in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
 
 
 def buffer_bytes(rollout: Rollout) -> int:
