@@ -1,7 +1,8 @@
 """What a person wants at the end of a run: where things are, and how the reward moved.
 
 Evaluates the validation prompts (fixed seeds, deterministic ODE sampler) before the first step and after the
-last, and prints both with the first and last training reward, the log folder, the sample grids and the
+last, logs both as ``val/reward/<name>`` (at step 0 and at the last step, so the loggers' curves start from the
+base model), and prints them with the first and last training reward, the log folder, the sample grids and the
 checkpoint.
 """
 
@@ -28,8 +29,17 @@ class RunSummary(Callback):
             return None
         return pl_module.evaluate(datamodule.val_dataloader())
 
+    @staticmethod
+    def _log(trainer, values: Optional[dict[str, float]], step: int) -> None:
+        if not values:
+            return
+        for logger in trainer.loggers:  # rank zero only, as Lightning's loggers
+            logger.log_metrics({f"val/reward/{name}": value for name, value in values.items()}, step=step)
+            logger.save()
+
     def on_train_start(self, trainer, pl_module) -> None:
         self.before = self._evaluate(trainer, pl_module)
+        self._log(trainer, self.before, trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if outputs and "rewards" in outputs:
@@ -37,6 +47,7 @@ class RunSummary(Callback):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self.after = self._evaluate(trainer, pl_module)
+        self._log(trainer, self.after, trainer.global_step)
         lines = ["", "flowrl run summary", f"  logs:        {trainer.log_dir}"]
         grids = [c.dir for c in trainer.callbacks if getattr(c, "dir", None) is not None]
         if grids:

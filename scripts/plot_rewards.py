@@ -2,16 +2,22 @@
 
     python scripts/plot_rewards.py runs/quickstart/csv/metrics.csv --out docs/quickstart_reward.png
     python scripts/plot_rewards.py flow=a/metrics.csv dense=b/metrics.csv --x nfe --out compare.png
+    python scripts/plot_rewards.py flow=s0.csv,s1.csv,s2.csv dense=d0.csv,d1.csv,d2.csv --x nfe --table
 
 Each run draws its per-step training reward (thin), a moving average (thick) and its validation points (markers).
+A run given as several comma-separated files (seeds of one config) draws the mean over them of the moving average
+with a band from their min to their max, and the mean of their validation points with min-max error bars.
 ``--x nfe`` puts the cumulative model evaluations per trajectory on the x axis (``rollout/nfe`` summed over steps;
-proportional to total compute when the runs share a batch size).
+proportional to total compute when the runs share a batch size). ``--table`` prints a Markdown table per run:
+training reward over the first and last eighth of the steps, validation before and after, NFE, as mean +- std over
+the files.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -46,18 +52,81 @@ def moving_average(ys: list[float], window: int) -> list[float]:
     return [sum(ys[max(0, i - window + 1):i + 1]) / len(ys[max(0, i - window + 1):i + 1]) for i in range(len(ys))]
 
 
-def plot(runs: dict[str, Path], out: Path, key: str = "reward/total", x: str = "step", window: int = 10) -> None:
+def seed_band(curves: list[tuple[list[float], list[float]]]) -> tuple[list[float], list[float], list[float],
+                                                                      list[float]]:
+    """``(xs, mean, low, high)`` over curves that share their x values (seeds of one config), cut to the shortest.
+
+    >>> seed_band([([0, 1, 2], [1.0, 2.0, 3.0]), ([0, 1], [3.0, 4.0])])
+    ([0, 1], [2.0, 3.0], [1.0, 2.0], [3.0, 4.0])
+    """
+    n = min(len(xs) for xs, _ in curves)
+    xs = curves[0][0][:n]
+    if any(c[0][:n] != xs for c in curves):
+        raise SystemExit("the files of one run have different steps or NFE; give seeds of one config per label")
+    columns = list(zip(*(ys[:n] for _, ys in curves)))
+    return xs, [statistics.fmean(c) for c in columns], [min(c) for c in columns], [max(c) for c in columns]
+
+
+def mean_std(values: list[float]) -> str:
+    """``mean +- std`` (sample std; the mean alone for one value).
+
+    >>> mean_std([0.5, 0.7]), mean_std([0.25])
+    ('0.600 +- 0.141', '0.250')
+    """
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.fmean(values):.3f} +- {statistics.stdev(values):.3f}"
+
+
+def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[float]]:
+    """Per file: training reward over the first and last eighth of its steps, validation first and last, NFE."""
+    out: dict[str, list[float]] = {"train_first": [], "train_last": [], "val_first": [], "val_last": [], "nfe": []}
+    for path in paths:
+        rows = read_metrics(path)
+        _, ty = series(rows, f"train/{key}")
+        eighth = max(1, len(ty) // 8)
+        out["train_first"].append(statistics.fmean(ty[:eighth]))
+        out["train_last"].append(statistics.fmean(ty[-eighth:]))
+        _, vy = series(rows, f"val/{key}")
+        out["val_first"].append(vy[0] if vy else float("nan"))
+        out["val_last"].append(vy[-1] if vy else float("nan"))
+        out["nfe"].append(sum(row.get("rollout/nfe", 0.0) for row in rows))
+    return out
+
+
+def table(runs: dict[str, list[Path]], key: str = "reward/total") -> str:
+    lines = ["| run | files | NFE per trajectory | training reward, first eighth | last eighth | validation before "
+             "| after |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for label, paths in runs.items():
+        s = summary(paths, key)
+        lines.append(f"| {label} | {len(paths)} | {statistics.fmean(s['nfe']):.0f} | {mean_std(s['train_first'])} | "
+                     f"{mean_std(s['train_last'])} | {mean_std(s['val_first'])} | {mean_std(s['val_last'])} |")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: str = "step", window: int = 10) -> None:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    for i, (label, path) in enumerate(runs.items()):
-        rows, color = read_metrics(path), f"C{i}"
-        tx, ty = series(rows, f"train/{key}", x)
-        if not tx:
-            raise SystemExit(f"{path} has no 'train/{key}' column; is it a flowrl CSVLogger metrics.csv?")
-        ax.plot(tx, ty, color=color, alpha=0.25, lw=1)
-        ax.plot(tx, moving_average(ty, window), color=color, lw=2, label=f"{label} train (mean of {window})")
-        vx, vy = series(rows, f"val/{key}", x)
-        if vx:
-            ax.plot(vx, vy, "o--", color=color, ms=6, label=f"{label} validation")
+    for i, (label, paths) in enumerate(runs.items()):
+        color, trains, vals = f"C{i}", [], []
+        for path in paths:
+            rows = read_metrics(path)
+            tx, ty = series(rows, f"train/{key}", x)
+            if not tx:
+                raise SystemExit(f"{path} has no 'train/{key}' column; is it a flowrl CSVLogger metrics.csv?")
+            trains.append((tx, ty))
+            vals.append(series(rows, f"val/{key}", x))
+        seeds = f", mean of {len(paths)}" if len(paths) > 1 else ""
+        if len(paths) == 1:
+            ax.plot(*trains[0], color=color, alpha=0.25, lw=1)
+        xs, mean, low, high = seed_band([(tx, moving_average(ty, window)) for tx, ty in trains])
+        if len(paths) > 1:
+            ax.fill_between(xs, low, high, color=color, alpha=0.2, lw=0)
+        ax.plot(xs, mean, color=color, lw=2, label=f"{label} train (moving mean of {window}{seeds})")
+        if all(vx for vx, _ in vals):
+            vx, vmean, vlow, vhigh = seed_band(vals)
+            err = [[m - lo for m, lo in zip(vmean, vlow)], [hi - m for m, hi in zip(vmean, vhigh)]]
+            ax.errorbar(vx, vmean, yerr=err if len(paths) > 1 else None, fmt="o--", color=color, ms=6, capsize=3,
+                        label=f"{label} validation")
     # rollout/nfe is per trajectory: with equal batch sizes its running sum is proportional to the total compute
     ax.set_xlabel("model evaluations per trajectory, cumulative (NFE)" if x == "nfe" else "optimizer step")
     ax.set_ylabel(key)
@@ -71,20 +140,24 @@ def plot(runs: dict[str, Path], out: Path, key: str = "reward/total", x: str = "
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="metrics.csv paths, optionally as label=path")
+    parser.add_argument("runs", nargs="+", help="metrics.csv paths, optionally as label=path or label=path,path,...")
     parser.add_argument("--out", type=Path, default=Path("reward_curve.png"))
     parser.add_argument("--key", default="reward/total", help="metric after the train/ and val/ prefixes")
     parser.add_argument("--x", choices=["step", "nfe"], default="step")
     parser.add_argument("--window", type=int, default=10)
+    parser.add_argument("--table", action="store_true", help="also print a Markdown summary table")
     args = parser.parse_args(argv)
     runs = {}
     for spec in args.runs:
-        label, _, path = spec.rpartition("=")
-        runs[label or Path(path).parent.parent.name] = Path(path)
-    missing = [str(p) for p in runs.values() if not p.is_file()]
+        label, _, paths = spec.rpartition("=")
+        files = [Path(p) for p in paths.split(",")]
+        runs[label or files[0].parent.parent.name] = files
+    missing = [str(p) for files in runs.values() for p in files if not p.is_file()]
     if missing:
         raise SystemExit(f"no such metrics file: {missing}; CSVLogger writes <save_dir>/<name>/<version>/metrics.csv")
     plot(runs, args.out, args.key, args.x, args.window)
+    if args.table:
+        print(table(runs, args.key))
 
 
 if __name__ == "__main__":

@@ -43,3 +43,27 @@ def test_main_writes_a_png_and_names_a_missing_file(plot_rewards, tmp_path):
     assert Image.open(out).size == (840, 480)  # figsize (7, 4) at 120 dpi
     with pytest.raises(SystemExit, match="no such metrics file"):
         plot_rewards.main([str(tmp_path / "missing.csv"), "--out", str(out)])
+
+
+def test_seeds_of_one_run_give_a_band_and_a_table(plot_rewards, tmp_path):
+    a = write_metrics(tmp_path / "a.csv")
+    b = tmp_path / "b.csv"
+    b.write_text(a.read_text().replace("0.7,", "0.3,").replace(",0.8", ",0.6"))
+    xs, mean, low, high = plot_rewards.seed_band([plot_rewards.series(plot_rewards.read_metrics(p), "train/reward/total")
+                                                  for p in (a, b)])
+    assert xs == [0.0, 1.0, 2.0] and mean == pytest.approx([0.5, 0.5, 0.9])
+    assert low == pytest.approx([0.5, 0.3, 0.9]) and high == pytest.approx([0.5, 0.7, 0.9])
+    # 3 training steps: an eighth is 1 step; NFE 10 + 10 + 30; validation 0.4 -> 0.8 and 0.4 -> 0.6
+    row = plot_rewards.table({"flow": [a, b]}).splitlines()[2]
+    assert row == "| flow | 2 | 50 | 0.500 +- 0.000 | 0.900 +- 0.000 | 0.400 +- 0.000 | 0.700 +- 0.141 |"
+    out = tmp_path / "band.png"
+    plot_rewards.main([f"flow={a},{b}", f"single={a}", "--x", "nfe", "--out", str(out), "--window", "2", "--table"])
+    assert Image.open(out).size == (840, 480)
+
+
+def test_seeds_with_different_steps_are_refused(plot_rewards, tmp_path):
+    a = write_metrics(tmp_path / "a.csv")
+    b = tmp_path / "b.csv"
+    b.write_text(a.read_text().replace("0,10,1,0.7,", "0,20,1,0.7,"))  # a different NFE at step 1
+    with pytest.raises(SystemExit, match="different steps or NFE"):
+        plot_rewards.main([f"flow={a},{b}", "--x", "nfe", "--out", str(tmp_path / "x.png")])
