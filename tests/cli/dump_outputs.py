@@ -1,4 +1,5 @@
-"""A test callback that saves each rank's per-sample seeds, advantages and rewards, and the final weights."""
+"""A test callback that saves each rank's per-sample seeds, advantages and rewards, the final weights and (DenseGRPO)
+each rank's calibrated noise scales."""
 
 from pathlib import Path
 
@@ -16,6 +17,8 @@ class DumpOutputs(Callback):
         torch.save(rows, self.out / f"step{trainer.fit_loop.total_batch_idx}_rank{trainer.global_rank}.pt")
 
     def on_fit_end(self, trainer, pl_module):
+        if getattr(pl_module, "noise_scales", None) is not None:
+            torch.save(pl_module.noise_scales.cpu(), self.out / f"noise_scales_rank{trainer.global_rank}.pt")
         if trainer.is_global_zero:
             weights = {k: v.cpu() for k, v in pl_module.policy.state_dict().items() if "lora" in k}
             torch.save(weights, self.out / "weights.pt")

@@ -17,6 +17,7 @@ from flowrl.rewards import JpegIncompressibility
 from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import flow_grpo_step
+from tests.cli.test_fit import load_steps, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["red 1 and blue 2", "green 3 and red 4", "blue 5 and green 6"]
@@ -204,3 +205,41 @@ def test_cli_rejects_bad_dense_options_before_loading(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="model.completion_steps=0"):
         main(["fit", "--config", "configs/tiny_dense_grpo.yaml", "--model.init_args.completion_steps=0",
               f"--model.init_args.policy.init_args.model={tmp_path / 'nope'}"])
+
+
+def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
+    # calibration counts dR signs over the trajectories of every rank, and the per-(group, step) advantages use the
+    # gathered rewards, so two processes calibrate the same psi and take the same SGD step as one
+    brightness = ("{class_path: flowrl.rewards.FunctionReward, init_args: {function: "
+                  "tests.rewards.reward_functions.brightness}}")
+
+    def args(out, *extra):
+        return ["fit", "--config", "configs/tiny_dense_grpo.yaml", f"--model.init_args.policy.init_args.model="
+                f"{tiny_model_dir}", "--trainer.max_steps=1", "--trainer.logger=false", f"--trainer.default_root_dir={out}",
+                f"--trainer.callbacks=[{brightness}, tests.cli.dump_outputs.DumpOutputs]",
+                f"--trainer.callbacks.out={out}/dump", "--trainer.limit_val_batches=0",
+                "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
+                "--data.prompts=[red 1 and blue 2, green 3 and red 4]", "--data.num_groups=2", "--data.group_size=4",
+                "--model.init_args.num_steps=3", "--model.init_args.micro_batch_size=4",
+                "--model.init_args.calibration.samples=8", "--model.init_args.calibration.iterations=2",
+                "--model.init_args.calibration.eps1=1", "--model.init_args.optimizer=torch.optim.SGD",
+                "--model.init_args.optimizer.lr=1.0", "--model.init_args.max_grad_norm=null", *extra]
+
+    run_cli(args(tmp_path / "one"), ROOT)
+    run_cli(args(tmp_path / "two", "--trainer.devices=2", "--trainer.strategy=ddp"), ROOT)
+    psi = torch.load(tmp_path / "one/dump/noise_scales_rank0.pt")
+    assert psi.shape == (3,)
+    for rank in (0, 1):
+        assert torch.allclose(torch.load(tmp_path / f"two/dump/noise_scales_rank{rank}.pt"), psi, atol=1e-6)
+    one = load_steps(tmp_path / "one")["step0_rank0"]
+    ranks = [load_steps(tmp_path / "two")[f"step0_rank{r}"] for r in (0, 1)]
+    seeds = torch.cat([r["seeds"] for r in ranks])
+    order_two, order_one = seeds.argsort(), one["seeds"].argsort()
+    assert torch.equal(seeds[order_two], one["seeds"][order_one])
+    for key in ("rewards", "advantages"):
+        both = torch.cat([r[key] for r in ranks])[order_two]
+        assert torch.allclose(both.float(), one[key][order_one].float(), atol=1e-5), key
+    assert one["advantages"].abs().sum() > 0
+    w1, w2 = torch.load(tmp_path / "one/dump/weights.pt"), torch.load(tmp_path / "two/dump/weights.pt")
+    assert any(w.abs().sum() > 0 for k, w in w1.items() if "lora_B" in k)
+    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-7) for k in w1)
