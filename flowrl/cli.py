@@ -5,6 +5,8 @@ export --ckpt CKPT --out DIR [--merged]`` writes a trained policy for diffusers 
 ``omegaconf`` resolves them per file and then ignores an override of a referenced key); absolute interpolation
 paths are made relative so ``${data.group_size}`` works from inside a nested class's ``init_args``.
 Cross-component problems are collected and raised together before any class (and so any weight) is loaded.
+A ``null`` override of a key inside a nested class (``--model.init_args.policy.init_args.lora=null``) is passed on
+as a one-key config layer, in place: jsonargparse turns such a command-line ``null`` into the string ``'None'``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,33 @@ def config_problems(config: Any) -> list[str]:
     return problems
 
 
+def null_overrides_as_configs(args: list[str]) -> list[str]:
+    """Rewrites ``--a.init_args.b=null`` (or ``--a.init_args.b null``) into ``--config {a: {init_args: {b: null}}}``
+    at the same position, so later arguments still override it.
+
+    >>> null_overrides_as_configs(["fit", "--model.init_args.policy.init_args.lora=null", "--trainer.max_steps=2"])
+    ['fit', '--config', '{model: {init_args: {policy: {init_args: {lora: null}}}}}', '--trainer.max_steps=2']
+    >>> null_overrides_as_configs(["--model.init_args.beta", "null", "--data.seed=null"])
+    ['--config', '{model: {init_args: {beta: null}}}', '--data.seed=null']
+    """
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        key, eq, value = arg.partition("=")
+        if not eq and i + 1 < len(args):
+            value = args[i + 1]
+        if key.startswith("--") and ".init_args." in key and value == "null":
+            layer = "null"
+            for part in reversed(key[2:].split(".")):
+                layer = f"{{{part}: {layer}}}"
+            out += ["--config", layer]
+            i += 1 if eq else 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 class FlowRLCLI(LightningCLI):
     """The flowrl command line; see ``python -m flowrl fit --help``."""
 
@@ -77,6 +106,7 @@ def main(args: Optional[list[str]] = None) -> None:
 
         return export(args[1:])
     set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
+    args = null_overrides_as_configs(args)
     FlowRLCLI(GRPOLoop, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
               parser_kwargs={"parser_mode": "omegaconf+"}, save_config_kwargs={"overwrite": True},
               args=args)

@@ -112,14 +112,14 @@ def metrics(out):
 
 
 def fit_args(model_dir, out, layers, *rest):
-    """``layers``: more ``--config`` files, layered right after ``fit_sd15.yaml`` (full_finetune.yaml sets lora null:
-    a command-line ``lora=null`` reaches the policy as the string 'None')."""
+    """``layers``: more arguments right after ``fit_sd15.yaml`` (``lora=null`` on the command line: full fine-tuning;
+    flowrl.cli passes it on as a config layer, since jsonargparse would hand the policy the string 'None')."""
     return ["fit", "--config", str(HERE / "fit_sd15.yaml"), *layers,
             f"--model.init_args.policy.init_args.model={model_dir}", f"--trainer.default_root_dir={out}",
             f"--trainer.logger.init_args.save_dir={out}", *rest]
 
 
-@pytest.mark.parametrize("layers", [[], ["--config", str(HERE / "full_finetune.yaml")]], ids=["lora", "full"])
+@pytest.mark.parametrize("layers", [[], ["--model.init_args.policy.init_args.lora=null"]], ids=["lora", "full"])
 def test_fit_one_step_is_on_policy_and_resumes(sd15_dir, tmp_path, layers):
     ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
             "--trainer.callbacks.every_n_train_steps=1", "--trainer.callbacks.save_top_k=-1"]
