@@ -69,6 +69,23 @@ def test_ode_sample_equals_the_diffusers_pipeline(sd15_dir):
     torch.testing.assert_close(images, want, atol=2e-6, rtol=0)
 
 
+def test_mixed_precision_keeps_trained_weights_and_epsilon_in_float32(sd15_dir):
+    policy = sd15(sd15_dir, torch_dtype="bfloat16", autocast="bfloat16", gradient_checkpointing=True)
+    assert policy.text_encoder.dtype == policy.vae.dtype == torch.bfloat16
+    assert {p.dtype for p in policy.trainable_parameters()} == {torch.float32}
+    reference = sd15(sd15_dir)
+    cond, ref_cond = policy.encode(["a red cat"]), reference.encode(["a red cat"])
+    z, sigma = torch.randn(1, 4, 16, 16), policy.sigmas(5)[1:2]
+    policy.train()
+    eps = policy.velocity(z, sigma, cond, 3.0)
+    eps.square().mean().backward()  # through the UNet's gradient checkpointing
+    with torch.no_grad():
+        want = reference.velocity(z, sigma, ref_cond, 3.0)
+    assert eps.dtype == torch.float32
+    assert (eps - want).abs().max() < 0.05 * want.abs().max()  # bf16 weights and compute: ~1e-2 relative
+    assert all(p.grad is not None for p in policy.trainable_parameters())
+
+
 def test_ddim_rollout_replays_through_the_policy(sd15_dir):
     """A stochastic (eta 1) rollout's recorded log-probs are recomputed by the step on the recorded states."""
     policy = sd15(sd15_dir)
