@@ -8,6 +8,7 @@ Methods override ``rollout``, ``step_rewards``, ``compute_advantages`` and ``los
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import nullcontext
 from typing import Any, Optional
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from flowrl import advantages as adv_lib
 from flowrl import losses
+from flowrl.methods.micro_batches import micro_batches
 from flowrl.methods.options import loss_problems, option_problems, resolved_loss_options
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import aggregate, weighted_sum
@@ -55,7 +57,12 @@ class GRPOLoop(LightningModule):
         check_ratio: before the first update, recompute every trained step's log-prob with the unchanged weights,
             in the micro-batches the update uses, and log ``train/check_ratio_max_dev`` = max |ratio - 1| (on-policy
             it should be 0; batch-size-dependent kernels and low precision make it not). check_ratio_threshold: warn
-            (rank zero) above this deviation (fp32 on CPU stays below 1e-5; bf16 on GPU is typically 1e-3..1e-2).
+            (rank zero) above this deviation (fp32 on CPU stays below 1e-5; bf16 on an H100: 1.2e-7 for the flow
+            models, 1.6e-3 for SD1.5's DDIM).
+        recompute_log_probs: before the update, replace the sampled log-probs of the trained steps by their values
+            under the unchanged weights, computed in the update's own micro-batches (verl's ``old_log_prob``
+            recomputation), so the first minibatch's ratios are exactly 1 whatever the sampling batch or precision;
+            costs one extra forward pass over the trained steps.
     """
 
     scores_own_rewards = True  # reward callbacks must not score validation outputs a second time
@@ -68,7 +75,7 @@ class GRPOLoop(LightningModule):
                  num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                  max_grad_norm: Optional[float] = 1.0, optimizer: OptimizerCallable = torch.optim.AdamW,
                  seed: int = 0, reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None,
-                 check_ratio: bool = False, check_ratio_threshold: float = 1e-3):
+                 check_ratio: bool = False, check_ratio_threshold: float = 1e-3, recompute_log_probs: bool = False):
         super().__init__()
         problems = option_problems(num_steps=num_steps, step_kind=step_kind, timestep_fraction=timestep_fraction,
                                    num_inner_epochs=num_inner_epochs, num_minibatches=num_minibatches,
@@ -90,6 +97,7 @@ class GRPOLoop(LightningModule):
         self.optimizer_factory, self.seed = optimizer, seed
         self.reward_aggregation, self.sample_chunk_size = reward_aggregation, sample_chunk_size
         self.check_ratio, self.check_ratio_threshold = check_ratio, check_ratio_threshold
+        self.recompute_log_probs = recompute_log_probs
         if beta > 0:
             policy.setup_reference()
 
@@ -215,6 +223,9 @@ class GRPOLoop(LightningModule):
         gen_seed = self.seed * 1_000_003 + self.global_step
         gen = torch.Generator().manual_seed(gen_seed)
         checked = {}
+        if self.recompute_log_probs:
+            first_epoch = self.micro_batches(pairs, torch.Generator().manual_seed(gen_seed))
+            rollout = dataclasses.replace(rollout, log_probs=self.recomputed_log_probs(rollout, cond, first_epoch))
         if self.check_ratio and self.global_step == 0:
             checked["check_ratio_max_dev"] = self.on_policy_ratio_deviation(
                 rollout, cond, advantages, weights, self.micro_batches(pairs, torch.Generator().manual_seed(gen_seed)))
@@ -262,29 +273,30 @@ class GRPOLoop(LightningModule):
                            "will fire off-policy. Try autocast null / float32, or a larger clip_range.")
         return deviation
 
-    def micro_batches(self, pairs: Tensor, gen: torch.Generator) -> list[list[Tensor]]:
-        """One epoch, shuffled: ``num_minibatches`` lists of micro-batches of (sample, step) pairs ``[P, 2]``.
+    @torch.no_grad()
+    def recomputed_log_probs(self, rollout: Rollout, cond: Conditioning, epoch: list[list[Tensor]]) -> Tensor:
+        """The rollout's log-probs with every trained pair's replaced by its value under the current weights,
+        computed in the micro-batches ``epoch`` (the update's first epoch, so each pair in its batch composition)."""
+        log_probs = rollout.log_probs.clone()
+        for micro in epoch:
+            for chunk in micro:
+                log_probs[chunk[:, 0], chunk[:, 1]] = self._transition(rollout, cond, chunk).log_prob
+        return log_probs
 
-        Per-position losses shuffle the pairs themselves. A sequence-level loss (``gspo``) needs every trained step
-        of a sample in one micro-batch: samples are shuffled and packed whole, up to ``micro_batch_size`` pairs (a
-        sample with more trained steps than that gets a micro-batch of its own).
-        """
-        if not losses.is_sequence_level(self.loss):
-            shuffled = pairs[torch.randperm(len(pairs), generator=gen).to(pairs.device)]
-            return [list(minibatch.split(self.micro_batch_size)) for minibatch in shuffled.chunk(self.num_minibatches)]
-        samples = pairs[:, 0].unique()
-        order = samples[torch.randperm(len(samples), generator=gen).to(samples.device)]
-        out = []
-        for group in order.chunk(self.num_minibatches):
-            micro, current = [], []
-            for sample_index in group.tolist():
-                rows = pairs[pairs[:, 0] == sample_index]
-                if current and sum(map(len, current)) + len(rows) > self.micro_batch_size:
-                    micro.append(torch.cat(current))
-                    current = []
-                current.append(rows)
-            out.append(micro + [torch.cat(current)] if current else micro)
-        return out
+    def _transition(self, rollout: Rollout, cond: Conditioning, pairs: Tensor, velocity: Optional[Tensor] = None):
+        """The sampler step of ``pairs [P, 2]`` (sample, step) from its recorded latents, with the policy's velocity
+        (or ``velocity``): its mean, std and the log-prob of the recorded next latent."""
+        b, k = pairs[:, 0], pairs[:, 1]
+        z, sigma = rollout.latents[b, k], rollout.sigmas[b, k]
+        if velocity is None:
+            velocity = self.policy.velocity(z, sigma, cond.select(b), self.guidance_scale)
+        return get_step(self.step_kind)(z, velocity, sigma, rollout.sigmas[b, k + 1], z_next=rollout.latents[b, k + 1],
+                                        noise_level=self.noise_levels().to(self.device)[k])
+
+    def micro_batches(self, pairs: Tensor, gen: torch.Generator) -> list[list[Tensor]]:
+        """One epoch of shuffled micro-batches (``flowrl.methods.micro_batches``); whole samples for ``gspo``."""
+        return micro_batches(pairs, gen, self.num_minibatches, self.micro_batch_size,
+                             whole_samples=losses.is_sequence_level(self.loss))
 
     def _no_sync(self):
         """Skip the gradient all-reduce of a non-final micro-batch (DDP); a no-op on one device."""
@@ -303,12 +315,7 @@ class GRPOLoop(LightningModule):
         sequence-level loss sees each sample's trained steps together; the reduction is the weighted mean over pairs.
         """
         b, k = pairs[:, 0], pairs[:, 1]
-        z, z_next = rollout.latents[b, k], rollout.latents[b, k + 1]
-        sigma, sigma_next = rollout.sigmas[b, k], rollout.sigmas[b, k + 1]
-        levels = self.noise_levels().to(self.device)[k]
-        step, sub = get_step(self.step_kind), cond.select(b)
-        out = step(z, self.policy.velocity(z, sigma, sub, self.guidance_scale), sigma, sigma_next,
-                   z_next=z_next, noise_level=levels)
+        out = self._transition(rollout, cond, pairs)
         samples, row = b.unique(return_inverse=True)
         shape = (len(samples), rollout.num_steps)
         as_rows = lambda x: x.new_zeros(shape).index_put((row, k), x)  # noqa: E731  [P] -> [R, T]
@@ -320,8 +327,9 @@ class GRPOLoop(LightningModule):
         metrics = {key: value.item() for key, value in stats.items()}
         if self.beta > 0:
             with torch.no_grad(), self.policy.reference():
-                ref_v = self.policy.velocity(z, sigma, sub, self.guidance_scale)
-            ref = step(z, ref_v, sigma, sigma_next, z_next=z_next, noise_level=levels)
+                ref_v = self.policy.velocity(rollout.latents[b, k], rollout.sigmas[b, k], cond.select(b),
+                                             self.guidance_scale)
+            ref = self._transition(rollout, cond, pairs, ref_v)
             kl = losses.gaussian_mean_kl(out.mean, ref.mean, out.std)  # [P]
             per_pair = per_pair + self.beta * kl
             metrics["kl"] = kl.mean().item()
