@@ -1,8 +1,10 @@
-"""Reusable callbacks (installed as ``flowrl.callbacks``). EMA is Lightning's ``EMAWeightAveraging``."""
+"""Reusable callbacks (installed as ``flowrl.callbacks``). ``EMA`` averages the trainable weights only; Lightning's
+``EMAWeightAveraging`` (a copy of the whole module) stays available."""
 
 from lightning.pytorch.callbacks import EMAWeightAveraging
 
+from flowrl.callbacks.ema import EMA
 from flowrl.callbacks.run_summary import RunSummary
 from flowrl.callbacks.sample_grid import SampleGrid, grid_image
 
-__all__ = ["EMAWeightAveraging", "RunSummary", "SampleGrid", "grid_image"]
+__all__ = ["EMA", "EMAWeightAveraging", "RunSummary", "SampleGrid", "grid_image"]
