@@ -30,6 +30,11 @@ class RunSummary(Callback):
         return pl_module.evaluate(datamodule.val_dataloader())
 
     @staticmethod
+    def _step(trainer) -> int:
+        # the x of Lightning's own logged rows: batches, not optimizer steps (several per batch with minibatches)
+        return getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
+
+    @staticmethod
     def _log(trainer, values: Optional[dict[str, float]], step: int) -> None:
         if not values:
             return
@@ -39,7 +44,7 @@ class RunSummary(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.before = self._evaluate(trainer, pl_module)
-        self._log(trainer, self.before, trainer.global_step)
+        self._log(trainer, self.before, self._step(trainer))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if outputs and "rewards" in outputs:
@@ -47,7 +52,7 @@ class RunSummary(Callback):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self.after = self._evaluate(trainer, pl_module)
-        self._log(trainer, self.after, trainer.global_step)
+        self._log(trainer, self.after, self._step(trainer))
         lines = ["", "flowrl run summary", f"  logs:        {trainer.log_dir}"]
         grids = [c.dir for c in trainer.callbacks if getattr(c, "dir", None) is not None]
         if grids:

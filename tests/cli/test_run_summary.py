@@ -13,13 +13,16 @@ def test_before_and_after_are_printed_and_logged(tiny_model_dir, tmp_path, capsy
     main(["fit", "--config", CONFIG, f"--model.init_args.policy.init_args.model={tiny_model_dir}",
           f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks+=flowrl.callbacks.RunSummary",
           "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
-          "--data.val_prompts=[red 1 and green 9, blue 0 and blue 3]"])
+          "--data.val_prompts=[red 1 and green 9, blue 0 and blue 3]", "--model.init_args.num_minibatches=2",
+          "--trainer.max_steps=4"])
     printed = dict(re.findall(r"val (\w+): ([\d.]+ -> [\d.]+)", capsys.readouterr().out))
     assert set(printed) == {"jpeg_incompressibility", "digit_alignment", "total"}
 
     rows = list(csv.DictReader(open(next(tmp_path.glob("lightning_logs/*/metrics.csv")))))
     logged = [(int(r["step"]), float(r["val/reward/total"])) for r in rows if r.get("val/reward/total")]
     before, after = (float(v) for v in printed["total"].split(" -> "))
-    assert [step for step, _ in logged] == [0, 2]  # before the first step, after the second (max_steps 2)
+    # before the first batch and after the second: 4 optimizer steps in 2 batches, and Lightning's rows count batches
+    assert [step for step, _ in logged] == [0, 2]
+    assert max(int(r["step"]) for r in rows if r.get("train/reward/total")) == 1
     assert f"{logged[0][1]:.4f}" == f"{before:.4f}" and f"{logged[1][1]:.4f}" == f"{after:.4f}"
     assert logged[0][1] != logged[1][1]  # lr 1e-2 for 2 steps changes the samples
