@@ -100,13 +100,16 @@ class FlowRLCLI(LightningCLI):
 
 
 def main(args: Optional[list[str]] = None) -> None:
-    args = args if args is not None else sys.argv[1:]
+    from_argv = args is None
+    args = sys.argv[1:] if from_argv else args
     if args[:1] == ["export"]:  # not a LightningCLI subcommand: a trained policy -> diffusers files
         from flowrl.policies.export import main as export
 
         return export(args[1:])
     set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
     args = null_overrides_as_configs(args)
+    if from_argv:  # LightningCLI reads sys.argv itself, and warns when given args beside a command line
+        sys.argv[1:], args = args, None
     FlowRLCLI(GRPOLoop, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
               parser_kwargs={"parser_mode": "omegaconf+"}, save_config_kwargs={"overwrite": True},
               args=args)
