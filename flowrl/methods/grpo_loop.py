@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from contextlib import nullcontext
 from typing import Any, Optional
 
@@ -28,6 +29,10 @@ from flowrl.rewards.aggregate import aggregate, weighted_sum
 from flowrl.rewards.base import reward_callbacks
 from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
 from flowrl.sampling.steps import ODE_STEPS, get_step
+
+# ModelCheckpoint warns under manual optimization that checkpoints hold the weights after the optimizer step: that is
+# what resuming a GRPO run needs (the next batch samples from the updated policy; tests/cli/test_fit.py resumes exactly)
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
 
 
 class GRPOLoop(LightningModule):
