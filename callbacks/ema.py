@@ -1,8 +1,8 @@
 """EMA of the trainable weights only: a float32 shadow of the LoRA (or fully trained) parameters.
 
 Lightning's ``EMAWeightAveraging`` averages an ``AveragedModel``, a deep copy of the whole LightningModule: for
-SD3.5-M with LoRA that is a second copy of the frozen text encoders, VAE and transformer (~8 GB in bf16) to average
-the ~19M LoRA numbers (76 MB in float32). This callback keeps those numbers only, as flow_grpo's
+SD3.5-M with LoRA r32 that is a second copy of the frozen text encoders, VAE and transformer (~16 GB in bf16) to
+average 18.8M LoRA numbers (75 MB in float32). This callback keeps those numbers only, as flow_grpo's
 ``EMAModuleWrapper`` does, and is not a ``WeightAveraging`` subclass because that class builds the full copy in
 ``setup``. After each training batch that passes a multiple of ``every_n_steps`` optimizer steps::
 
@@ -149,7 +149,7 @@ class EMA(Callback):
             torch._foreach_copy_([p for _, p in self._params], list(self.shadow.values()))
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        if self._live is not None:  # saved while the average is swapped in: the module's entry keeps the trained weights
+        if self._live is not None:  # saved while the average is swapped in: the module entry keeps the trained weights
             for (name, _), live in zip(self._params, self._live):
                 checkpoint["state_dict"][name] = live.clone()
 

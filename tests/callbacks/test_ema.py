@@ -128,6 +128,9 @@ def test_swap_round_trip_is_bit_exact():
     next(iter(ema.shadow.values())).add_(torch.randn(1000) * 1e-3)  # an average that differs in low bits
     ema.swap_in()
     assert torch.equal(module.policy.w, next(iter(ema.shadow.values())).to(torch.bfloat16))
+    checkpoint = {"state_dict": module.state_dict()}  # a checkpoint saved during validation keeps the trained weights
+    ema.on_save_checkpoint(None, module, checkpoint)
+    assert torch.equal(checkpoint["state_dict"]["policy.w"], live)
     ema.swap_out()
     assert torch.equal(module.policy.w, live)
 
