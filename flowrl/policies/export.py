@@ -78,14 +78,28 @@ def policy_from_config(config: Path) -> FlowPolicy:
     return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy
 
 
-def load_policy(ckpt: str | Path, config: Optional[str | Path] = None) -> FlowPolicy:
-    """The policy of a fit run with the checkpoint's trained weights."""
+def ema_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
+    """The averaged weights a ``flowrl.callbacks.EMA`` callback stored in a checkpoint, named as in the module's
+    ``state_dict``."""
+    found = {key: state["shadow"] for key, state in checkpoint.get("callbacks", {}).items()
+             if key.startswith("EMA") and isinstance(state, dict) and "shadow" in state}
+    if len(found) != 1:
+        raise ValueError(f"--ema needs the state of exactly one flowrl.callbacks.EMA in the checkpoint, found "
+                         f"{list(found) or 'none'}; train with `- class_path: flowrl.callbacks.EMA` or export without "
+                         "--ema")
+    return next(iter(found.values()))
+
+
+def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool = False) -> FlowPolicy:
+    """The policy of a fit run with the checkpoint's trained weights (``ema``: their EMA average instead)."""
     ckpt = Path(ckpt)
     if not ckpt.is_file():
         raise FileNotFoundError(f"checkpoint {ckpt} does not exist; pass a .ckpt written by the fit run")
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    average = ema_weights(checkpoint) if ema else {}  # before the (slow) policy load: a missing EMA fails first
     policy = policy_from_config(Path(config) if config else find_run_config(ckpt))
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-    weights = {k[len("policy."):]: v for k, v in state.items()
+    state = {**checkpoint["state_dict"], **average}
+    weights = {k[len("policy."):]: v.to(checkpoint["state_dict"][k].dtype) for k, v in state.items()
                if k.startswith("policy.") and not k.startswith("policy." + REFERENCE_PREFIX)}
     policy.load_state_dict(weights)
     return policy
@@ -97,8 +111,9 @@ def main(args: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--config", help="the run's config (default: config.yaml saved beside the checkpoints)")
     parser.add_argument("--merged", action="store_true", help="also write the pipeline with LoRA fused, to OUT/merged")
+    parser.add_argument("--ema", action="store_true", help="export the flowrl.callbacks.EMA average of the weights")
     opts = parser.parse_args(args)
-    policy = load_policy(opts.ckpt, opts.config)
+    policy = load_policy(opts.ckpt, opts.config, opts.ema)
     out = Path(opts.out)
     if policy.lora is None:
         print(f"flowrl export: full pipeline -> {export_pipeline(policy, out)}")

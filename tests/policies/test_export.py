@@ -113,3 +113,24 @@ def test_sd15_lora_and_merged_exports_reproduce_the_adapters_ddim_sample(tmp_pat
     torch.testing.assert_close(images(pipe), ours, atol=1e-5, rtol=1e-4)
     export_pipeline(policy, tmp_path / "merged")
     torch.testing.assert_close(images(ddim_pipeline(str(tmp_path / "merged"))), ours, atol=1e-5, rtol=1e-4)
+
+
+def test_export_ema_writes_the_average_and_needs_one(sd3_dir, tmp_path):
+    main(fit_args(sd3_dir, tmp_path / "run", "--trainer.max_steps=3",
+                  "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                  "--trainer.callbacks+=flowrl.callbacks.EMA", "--trainer.callbacks.decay=0.5",
+                  "--trainer.callbacks.warmup=false", "--trainer.callbacks.apply_at_end=false"))
+    ckpt = next(Path(tmp_path / "run").rglob("*.ckpt"))
+    saved = torch.load(ckpt, weights_only=False)
+    average = next(s["shadow"] for k, s in saved["callbacks"].items() if k.startswith("EMA"))
+    assert any(not torch.equal(average[k], saved["state_dict"][k]) for k in average)  # the average is not the weights
+    main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "ema"), "--ema"])
+    pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir)
+    pipe.load_lora_weights(tmp_path / "ema")
+    loaded = get_peft_model_state_dict(pipe.transformer, adapter_name="default_0")
+    want = {k[len("policy.denoiser."):].replace(".default", ""): v for k, v in average.items()}
+    assert sorted(loaded) == sorted(want) and all(torch.equal(loaded[k], want[k]) for k in want)
+    del saved["callbacks"]
+    torch.save(saved, tmp_path / "run/no_ema.ckpt")
+    with pytest.raises(ValueError, match="exactly one flowrl.callbacks.EMA"):
+        main(["export", "--ckpt", str(tmp_path / "run/no_ema.ckpt"), "--out", str(tmp_path / "x"), "--ema"])
