@@ -128,7 +128,7 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
             ax.errorbar(vx, vmean, yerr=err if len(paths) > 1 else None, fmt="o--", color=color, ms=6, capsize=3,
                         label=f"{label} validation")
     # rollout/nfe is per trajectory: with equal batch sizes its running sum is proportional to the total compute
-    ax.set_xlabel("model evaluations per trajectory, cumulative (NFE)" if x == "nfe" else "optimizer step")
+    ax.set_xlabel("model evaluations per trajectory, cumulative (NFE)" if x == "nfe" else "training step (one sampled batch)")
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
