@@ -95,6 +95,25 @@ def run_cli(args, cwd):
     return proc
 
 
+def assert_two_ranks_equal_one(one_dir: Path, two_dir: Path, keys=("rewards", "advantages", "group_ids")) -> dict:
+    """The first step of a 2-process run (``two_dir``, dumped by DumpOutputs) equals a 1-process run's (``one_dir``):
+    the same samples split over the ranks, the same per-sample ``keys`` and the same final LoRA weights, which moved.
+    Returns the 1-process step."""
+    one = load_steps(one_dir)["step0_rank0"]
+    ranks = [load_steps(two_dir)[f"step0_rank{r}"] for r in (0, 1)]
+    assert len(ranks[0]["seeds"]) == len(ranks[1]["seeds"]) == len(one["seeds"]) // 2
+    seeds = torch.cat([r["seeds"] for r in ranks])
+    order_two, order_one = seeds.argsort(), one["seeds"].argsort()
+    assert torch.equal(seeds[order_two], one["seeds"][order_one])
+    for key in keys:
+        both = torch.cat([r[key] for r in ranks])[order_two]
+        assert torch.allclose(both.float(), one[key][order_one].float(), atol=1e-5), key
+    w1, w2 = torch.load(Path(one_dir, "dump/weights.pt")), torch.load(Path(two_dir, "dump/weights.pt"))
+    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-7) for k in w1)
+    assert any(not torch.equal(w1[k], torch.zeros_like(w1[k])) for k in w1 if "lora_B" in k)
+    return one
+
+
 def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
     # SGD: the update is -lr * (gradient averaged over all samples), so a rank missing the all-reduce would be off
     # by O(1); Adam's first step (~lr * sign(g)) would amplify float noise in near-zero gradient entries instead.
@@ -104,15 +123,4 @@ def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
     run_cli(fit_args(tiny_model_dir, tmp_path / "one", *common), tmp_path)
     run_cli(fit_args(tiny_model_dir, tmp_path / "two", *common, "--trainer.devices=2",
                      "--trainer.strategy=ddp"), tmp_path)
-    one = load_steps(tmp_path / "one")["step0_rank0"]
-    ranks = [load_steps(tmp_path / "two")[f"step0_rank{r}"] for r in (0, 1)]
-    assert len(ranks[0]["seeds"]) == len(ranks[1]["seeds"]) == len(one["seeds"]) // 2
-    seeds = torch.cat([r["seeds"] for r in ranks])
-    order_two, order_one = seeds.argsort(), one["seeds"].argsort()
-    assert torch.equal(seeds[order_two], one["seeds"][order_one])
-    for key in ("rewards", "advantages", "group_ids"):
-        both = torch.cat([r[key] for r in ranks])[order_two]
-        assert torch.allclose(both.float(), one[key][order_one].float(), atol=1e-5), key
-    w1, w2 = torch.load(tmp_path / "one/dump/weights.pt"), torch.load(tmp_path / "two/dump/weights.pt")
-    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-7) for k in w1)
-    assert any(not torch.equal(w1[k], torch.zeros_like(w1[k])) for k in w1 if "lora_B" in k)
+    assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")

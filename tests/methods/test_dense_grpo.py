@@ -17,7 +17,7 @@ from flowrl.rewards import JpegIncompressibility
 from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import flow_grpo_step
-from tests.cli.test_fit import load_steps, run_cli
+from tests.cli.test_fit import assert_two_ranks_equal_one, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["red 1 and blue 2", "green 3 and red 4", "blue 5 and green 6"]
@@ -231,15 +231,5 @@ def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
     assert psi.shape == (3,)
     for rank in (0, 1):
         assert torch.allclose(torch.load(tmp_path / f"two/dump/noise_scales_rank{rank}.pt"), psi, atol=1e-6)
-    one = load_steps(tmp_path / "one")["step0_rank0"]
-    ranks = [load_steps(tmp_path / "two")[f"step0_rank{r}"] for r in (0, 1)]
-    seeds = torch.cat([r["seeds"] for r in ranks])
-    order_two, order_one = seeds.argsort(), one["seeds"].argsort()
-    assert torch.equal(seeds[order_two], one["seeds"][order_one])
-    for key in ("rewards", "advantages"):
-        both = torch.cat([r[key] for r in ranks])[order_two]
-        assert torch.allclose(both.float(), one[key][order_one].float(), atol=1e-5), key
+    one = assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two", keys=("rewards", "advantages"))
     assert one["advantages"].abs().sum() > 0
-    w1, w2 = torch.load(tmp_path / "one/dump/weights.pt"), torch.load(tmp_path / "two/dump/weights.pt")
-    assert any(w.abs().sum() > 0 for k, w in w1.items() if "lora_B" in k)
-    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-7) for k in w1)

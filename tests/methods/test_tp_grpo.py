@@ -9,7 +9,7 @@ import torch
 from flowrl.cli import main
 from flowrl.methods import TPGRPO
 from flowrl.policies import LoraOptions, TinyFlowPolicy
-from tests.cli.test_fit import load_steps, run_cli
+from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONFIG = str(ROOT / "configs" / "tiny_tp_grpo.yaml")
@@ -138,13 +138,4 @@ def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
     run_cli(fit_args(tiny_model_dir, tmp_path / "one", *common), ROOT)
     run_cli(fit_args(tiny_model_dir, tmp_path / "two", *common, "--trainer.devices=2", "--trainer.strategy=ddp"),
             ROOT)
-    one = load_steps(tmp_path / "one")["step0_rank0"]
-    ranks = [load_steps(tmp_path / "two")[f"step0_rank{r}"] for r in (0, 1)]
-    seeds = torch.cat([r["seeds"] for r in ranks])
-    order_two, order_one = seeds.argsort(), one["seeds"].argsort()
-    assert torch.equal(seeds[order_two], one["seeds"][order_one])
-    for key in ("rewards", "advantages"):
-        both = torch.cat([r[key] for r in ranks])[order_two]
-        assert torch.allclose(both.float(), one[key][order_one].float(), atol=1e-5), key
-    w1, w2 = torch.load(tmp_path / "one/dump/weights.pt"), torch.load(tmp_path / "two/dump/weights.pt")
-    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-7) for k in w1)
+    one = assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two", keys=("rewards", "advantages"))
