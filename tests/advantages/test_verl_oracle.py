@@ -155,7 +155,7 @@ def verl_gae(rewards, values, mask, gamma, lam):
 
 # -- comparisons ---------------------------------------------------------------------------------------------------
 
-def close_on_mask(ours, theirs, mask):
+def assert_close_on_mask(ours, theirs, mask):
     assert torch.allclose(ours[mask], theirs[mask].float(), rtol=1e-5, atol=1e-5)
     assert (ours[~mask] == 0).all()
 
@@ -170,7 +170,7 @@ def close_on_mask(ours, theirs, mask):
 def test_group_estimators_match_verl(name, oracle, seed):
     rewards, mask, group_ids, _, _ = batch(seed, holes=seed == 2)
     mf = mask.float()
-    close_on_mask(adv.compute(name, rewards, mask, group_ids), oracle(rewards.clone(), mf, group_ids), mask)
+    assert_close_on_mask(adv.compute(name, rewards, mask, group_ids), oracle(rewards.clone(), mf, group_ids), mask)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -178,7 +178,7 @@ def test_grpo_passk_matches_verl(seed):
     rewards, mask, group_ids, _, _ = batch(seed)
     keep = group_ids != 3  # verl raises on the singleton, as flowrl does
     rewards, mask, group_ids = rewards[keep], mask[keep], group_ids[keep]
-    close_on_mask(adv.compute("grpo_passk", rewards, mask, group_ids),
+    assert_close_on_mask(adv.compute("grpo_passk", rewards, mask, group_ids),
                   verl_grpo_passk(rewards.clone(), mask.float(), group_ids), mask)
 
 
@@ -187,10 +187,10 @@ def test_grpo_passk_matches_verl(seed):
 def test_return_estimators_match_verl(gamma, lam, holes):
     rewards, mask, group_ids, values, gen = batch(3, holes=holes)
     mf = mask.float()
-    close_on_mask(adv.compute("gae", rewards, mask, group_ids, values=values, gamma=gamma, lam=lam),
+    assert_close_on_mask(adv.compute("gae", rewards, mask, group_ids, values=values, gamma=gamma, lam=lam),
                   verl_gae(rewards, values, mf, gamma, lam), mask)
-    close_on_mask(adv.compute("reinforce_plus_plus", rewards, mask, group_ids, gamma=gamma),
+    assert_close_on_mask(adv.compute("reinforce_plus_plus", rewards, mask, group_ids, gamma=gamma),
                   verl_rf_pp(rewards, mf, gamma), mask)
     baselines = torch.randn(B, generator=gen)
-    close_on_mask(adv.compute("remax", rewards, mask, group_ids, baselines=baselines),
+    assert_close_on_mask(adv.compute("remax", rewards, mask, group_ids, baselines=baselines),
                   verl_remax(rewards, baselines, mf), mask)
