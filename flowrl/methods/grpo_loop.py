@@ -61,7 +61,8 @@ class GRPOLoop(LightningModule):
             samples); results do not depend on it. None: one chunk.
         check_ratio: before the first update, recompute every trained step's log-prob with the unchanged weights,
             in the micro-batches the update uses, and log ``train/check_ratio_max_dev`` = max |ratio - 1| (on-policy
-            it should be 0; batch-size-dependent kernels and low precision make it not). check_ratio_threshold: warn
+            it should be 0; batch-size-dependent kernels and low precision make it not; with recompute_log_probs it is
+            measured against the recomputed log-probs). check_ratio_threshold: warn
             (rank zero) above this deviation (fp32 on CPU stays below 1e-5; bf16 on an H100: 1.2e-7 for the flow
             models, 1.6e-3 for SD1.5's DDIM).
         recompute_log_probs: before the update, replace the sampled log-probs of the trained steps by their values
@@ -228,12 +229,12 @@ class GRPOLoop(LightningModule):
         gen_seed = self.seed * 1_000_003 + self.global_step
         gen = torch.Generator().manual_seed(gen_seed)
         checked = {}
+        first_epoch = self.micro_batches(pairs, torch.Generator().manual_seed(gen_seed))  # as the loop below draws it
         if self.recompute_log_probs:
-            first_epoch = self.micro_batches(pairs, torch.Generator().manual_seed(gen_seed))
             rollout = dataclasses.replace(rollout, log_probs=self.recomputed_log_probs(rollout, cond, first_epoch))
         if self.check_ratio and self.global_step == 0:
-            checked["check_ratio_max_dev"] = self.on_policy_ratio_deviation(
-                rollout, cond, advantages, weights, self.micro_batches(pairs, torch.Generator().manual_seed(gen_seed)))
+            checked["check_ratio_max_dev"] = self.on_policy_ratio_deviation(rollout, cond, advantages, weights,
+                                                                            first_epoch)
         sums: dict[str, float] = {}
         extremes = {"ratio_min": float("inf"), "ratio_max": float("-inf")}
         grad_norms: list[float] = []
