@@ -15,6 +15,7 @@ from flowrl.methods.options import option_problems
 from flowrl.policies import LoraOptions, SD15Policy
 from flowrl.sampling.steps import ddim_step
 from flowrl.sampling.rollout import seeded_noise
+from tests.policies.mixed_precision import assert_mixed_precision
 from tests.policies.tiny_pipelines import CLIP_LENGTH
 from tests.policies.tiny_sd15 import save_sd15
 
@@ -71,19 +72,7 @@ def test_ode_sample_equals_the_diffusers_pipeline(sd15_dir):
 
 def test_mixed_precision_keeps_trained_weights_and_epsilon_in_float32(sd15_dir):
     policy = sd15(sd15_dir, torch_dtype="bfloat16", autocast="bfloat16", gradient_checkpointing=True)
-    assert policy.text_encoder.dtype == policy.vae.dtype == torch.bfloat16
-    assert {p.dtype for p in policy.trainable_parameters()} == {torch.float32}
-    reference = sd15(sd15_dir)
-    cond, ref_cond = policy.encode(["a red cat"]), reference.encode(["a red cat"])
-    z, sigma = torch.randn(1, 4, 16, 16), policy.sigmas(5)[1:2]
-    policy.train()
-    eps = policy.velocity(z, sigma, cond, 3.0)
-    eps.square().mean().backward()  # through the UNet's gradient checkpointing
-    with torch.no_grad():
-        want = reference.velocity(z, sigma, ref_cond, 3.0)
-    assert eps.dtype == torch.float32
-    assert (eps - want).abs().max() < 0.05 * want.abs().max()  # bf16 weights and compute: ~1e-2 relative
-    assert all(p.grad is not None for p in policy.trainable_parameters())
+    assert_mixed_precision(policy, sd15(sd15_dir), policy.sigmas(5)[1:2], 3.0)  # the UNet's epsilon, checkpointed
 
 
 def test_ddim_rollout_replays_through_the_policy(sd15_dir):

@@ -9,6 +9,7 @@ from diffusers import StableDiffusion3Pipeline
 
 from flowrl.cli import main
 from flowrl.policies import LoraOptions, SD3Policy
+from tests.policies.mixed_precision import assert_mixed_precision
 from tests.policies.tiny_pipelines import CLIP_LENGTH
 
 HERE = Path(__file__).resolve().parent
@@ -76,19 +77,7 @@ def test_bad_options_fail_before_the_transformer_loads(sd3_dir):
 
 def test_mixed_precision_keeps_trained_weights_and_velocities_in_float32(sd3_dir):
     policy = sd3(sd3_dir, torch_dtype="bfloat16", autocast="bfloat16", gradient_checkpointing=True)
-    assert policy.text_encoder.dtype == policy.vae.dtype == torch.bfloat16
-    assert {p.dtype for p in policy.trainable_parameters()} == {torch.float32}
-    reference = sd3(sd3_dir)
-    cond, ref_cond = policy.encode(["a red cat"]), reference.encode(["a red cat"])
-    z, sigma = torch.randn(1, 4, 16, 16), torch.tensor([0.7])
-    policy.train()
-    v = policy.velocity(z, sigma, cond, 2.0)
-    v.square().mean().backward()  # through gradient checkpointing
-    with torch.no_grad():
-        want = reference.velocity(z, sigma, ref_cond, 2.0)
-    assert v.dtype == torch.float32
-    assert (v - want).abs().max() < 0.05 * want.abs().max()  # bf16 weights and compute: ~1e-2 relative
-    assert all(p.grad is not None for p in policy.trainable_parameters())
+    assert_mixed_precision(policy, sd3(sd3_dir), torch.tensor([0.7]), 2.0)
 
 
 def test_checkpoints_hold_only_trained_weights_and_load_back(sd3_dir):
