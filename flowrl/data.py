@@ -101,6 +101,23 @@ def group_batch(layout: GroupLayout, epoch: int, index: int, rank: int) -> dict[
     return {"prompt_ids": prompt_ids[part], "group_ids": group_ids[part], "seeds": seeds[part]}
 
 
+def eval_batches(prompts: list[str], samples_per_prompt: int, batch_size: int, first_seed: int, rank: int = 0,
+                 world_size: int = 1) -> list[dict]:
+    """This rank's evaluation batches: row ``r = j * len(prompts) + i`` is sample ``j`` of prompt ``i`` with seed
+    ``first_seed + r`` (so the first sample of each prompt keeps its seed whatever ``samples_per_prompt``); rank
+    ``k`` takes the rows ``r % world_size == k``.
+
+    >>> [(b["prompts"], b["seeds"].tolist()) for b in eval_batches(["a", "b"], 2, 3, 100)]
+    [(['a', 'b', 'a'], [100, 101, 102]), (['b'], [103])]
+    >>> eval_batches(["a", "b"], 2, 3, 100, rank=1, world_size=2)[0]["prompts"]
+    ['b', 'b']
+    """
+    rows = list(range(rank, len(prompts) * samples_per_prompt, world_size))  # each rank a disjoint share
+    return [{"prompts": [prompts[r % len(prompts)] for r in rows[s:s + batch_size]],
+             "seeds": torch.tensor(rows[s:s + batch_size]) + first_seed}
+            for s in range(0, len(rows), batch_size)]
+
+
 class EpochSampler:
     """Holds the epoch; Lightning calls ``set_epoch`` on a loader's ``sampler`` at every epoch start."""
 
@@ -168,17 +185,21 @@ class PromptDataModule(LightningDataModule):
         val_prompts: the same forms; evaluated with the deterministic ODE sampler from fixed seeds.
         group_size: samples per prompt (``G``). num_groups: prompts per global batch.
         spread_groups: shuffle a group's samples over ranks (Flow-GRPO) or keep each group on one rank.
-        val_batch_size: evaluation prompts per batch. seed: seeds the prompt order and every sample's noise.
+        val_batch_size: evaluation samples per batch. val_samples_per_prompt: samples (fixed seeds) per evaluation
+            prompt, as GenEval's 4 per prompt; more of them make the mean less noisy.
+        seed: seeds the prompt order and every sample's noise.
     """
 
     def __init__(self, prompts: Union[str, list[str]], val_prompts: Optional[Union[str, list[str]]] = None,
                  group_size: int = 8, num_groups: int = 4, spread_groups: bool = True, val_batch_size: int = 16,
-                 seed: int = 0):
+                 val_samples_per_prompt: int = 1, seed: int = 0):
         super().__init__()
         self.prompt_source, self.val_source = prompts, val_prompts
         self.group_size, self.num_groups, self.spread_groups = group_size, num_groups, spread_groups
-        self.val_batch_size, self.seed = val_batch_size, seed
+        self.val_batch_size, self.val_samples_per_prompt, self.seed = val_batch_size, val_samples_per_prompt, seed
         problems = GroupLayout(1, num_groups, group_size, 1, spread_groups, seed).problems()
+        if val_samples_per_prompt < 1:
+            problems.append(f"data.val_samples_per_prompt={val_samples_per_prompt}: need at least 1")
         if problems:
             raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
 
@@ -200,7 +221,5 @@ class PromptDataModule(LightningDataModule):
     def val_dataloader(self) -> EvalLoader:
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
-        ids = list(range(rank, len(self.val_prompts), world))  # each rank a disjoint share
-        return EvalLoader([{"prompts": [self.val_prompts[i] for i in ids[s:s + self.val_batch_size]],
-                            "seeds": torch.tensor(ids[s:s + self.val_batch_size]) + 10_000 * (self.seed + 1)}
-                           for s in range(0, len(ids), self.val_batch_size)])
+        return EvalLoader(eval_batches(self.val_prompts, self.val_samples_per_prompt, self.val_batch_size,
+                                       10_000 * (self.seed + 1), rank, world))

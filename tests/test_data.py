@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from flowrl.data import GroupBatchLoader, GroupLayout, PromptDataModule, group_batch, load_prompts
+from flowrl.data import GroupBatchLoader, GroupLayout, PromptDataModule, eval_batches, group_batch, load_prompts
 
 
 def test_load_prompts_from_list_txt_and_jsonl(tmp_path):
@@ -54,6 +54,21 @@ def test_layout_problems_are_named():
     assert "not divisible by the 2 ranks" in GroupLayout(4, 3, 3, world_size=2).problems()[0]
     with pytest.raises(ValueError, match="group_size=1"):
         PromptDataModule(prompts=["a"], group_size=1)
+
+
+def test_eval_samples_per_prompt_on_two_ranks_cover_each_prompt_k_times_with_distinct_seeds():
+    prompts = [f"p{i}" for i in range(5)]
+    one = [row for b in eval_batches(prompts, 1, 4, 100) for row in zip(b["prompts"], b["seeds"].tolist())]
+    ranks = [[row for b in eval_batches(prompts, 3, 4, 100, rank, 2) for row in zip(b["prompts"], b["seeds"].tolist())]
+             for rank in (0, 1)]
+    rows = ranks[0] + ranks[1]
+    assert not set(ranks[0]) & set(ranks[1]) and len(rows) == 15
+    assert Counter(p for p, _ in rows) == {p: 3 for p in prompts}
+    assert len({seed for _, seed in rows}) == 15
+    assert set(one) <= set(rows)  # the first sample of each prompt keeps the seed it has with one sample per prompt
+    assert all(len(b["prompts"]) <= 4 for b in eval_batches(prompts, 3, 4, 100))
+    with pytest.raises(ValueError, match="val_samples_per_prompt=0"):
+        PromptDataModule(prompts=["a"], val_samples_per_prompt=0)
 
 
 def test_loader_resumes_after_the_consumed_batches():

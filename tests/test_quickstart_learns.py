@@ -21,6 +21,7 @@ def test_quickstart_raises_validation_alignment(tmp_path, monkeypatch, capsys):
     before, after = map(float, re.search(r"val digit_alignment: ([\d.]+) -> ([\d.]+)", out.out + out.err).groups())
     rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
     train = [float(r["train/reward/total"]) for r in rows if r.get("train/reward/total")]
-    # RunSummary validates the base model before the first step (0.48 on the validation prompts)
-    assert 0.4 < before < 0.56 and after > before + 0.05, (before, after)
+    # RunSummary validates the base model before the first step (0.467 on the 512 validation samples); the README
+    # reports 48% of the headroom to the classifier's 0.98 ceiling on the dev box, the test asks for 40%
+    assert 0.4 < before < 0.56 and after - before > 0.4 * (0.98 - before), (before, after)
     assert sum(train[-20:]) / 20 > sum(train[:20]) / 20 + 0.1, (train[:20], train[-20:])
