@@ -289,13 +289,12 @@ class GRPOLoop(LightningModule):
                 log_probs[chunk[:, 0], chunk[:, 1]] = self._transition(rollout, cond, chunk).log_prob
         return log_probs
 
-    def _transition(self, rollout: Rollout, cond: Conditioning, pairs: Tensor, velocity: Optional[Tensor] = None):
+    def _transition(self, rollout: Rollout, cond: Conditioning, pairs: Tensor):
         """The sampler step of ``pairs [P, 2]`` (sample, step) from its recorded latents, with the policy's velocity
-        (or ``velocity``): its mean, std and the log-prob of the recorded next latent."""
+        (the reference's inside ``policy.reference()``): its mean, std and the log-prob of the recorded next latent."""
         b, k = pairs[:, 0], pairs[:, 1]
         z, sigma = rollout.latents[b, k], rollout.sigmas[b, k]
-        if velocity is None:
-            velocity = self.policy.velocity(z, sigma, cond.select(b), self.guidance_scale)
+        velocity = self.policy.velocity(z, sigma, cond.select(b), self.guidance_scale)
         return get_step(self.step_kind)(z, velocity, sigma, rollout.sigmas[b, k + 1], z_next=rollout.latents[b, k + 1],
                                         noise_level=self.noise_levels().to(self.device)[k])
 
@@ -333,9 +332,7 @@ class GRPOLoop(LightningModule):
         metrics = {key: value.item() for key, value in stats.items()}
         if self.beta > 0:
             with torch.no_grad(), self.policy.reference():
-                ref_v = self.policy.velocity(rollout.latents[b, k], rollout.sigmas[b, k], cond.select(b),
-                                             self.guidance_scale)
-            ref = self._transition(rollout, cond, pairs, ref_v)
+                ref = self._transition(rollout, cond, pairs)
             kl = losses.gaussian_mean_kl(out.mean, ref.mean, out.std)  # [P]
             per_pair = per_pair + self.beta * kl
             metrics["kl"] = kl.mean().item()
