@@ -4,7 +4,8 @@
 from lightning.pytorch.callbacks import EMAWeightAveraging
 
 from flowrl.callbacks.ema import EMA
+from flowrl.callbacks.progress import RunProgressBar
 from flowrl.callbacks.run_summary import RunSummary
 from flowrl.callbacks.sample_grid import SampleGrid, grid_image
 
-__all__ = ["EMA", "EMAWeightAveraging", "RunSummary", "SampleGrid", "grid_image"]
+__all__ = ["EMA", "EMAWeightAveraging", "RunProgressBar", "RunSummary", "SampleGrid", "grid_image"]

@@ -14,6 +14,18 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
+def log_lines(trainer) -> list[str]:
+    """Where the loggers write, one line per folder (a run's TensorBoard events and metrics.csv share one)."""
+    if not trainer.loggers:
+        return [f"  logs:        none (trainer.logger is off); outputs under {trainer.default_root_dir}"]
+    folders: dict[str, list[str]] = {}
+    for logger in trainer.loggers:
+        what = {"CSVLogger": "metrics.csv", "TensorBoardLogger": "TensorBoard"}.get(type(logger).__name__)
+        folders.setdefault(str(getattr(logger, "log_dir", None) or logger.save_dir), []).append(
+            what or type(logger).__name__)
+    return [f"  logs:        {folder} ({', '.join(kinds)})" for folder, kinds in folders.items()]
+
+
 class RunSummary(Callback):
     """Prints a summary at the end of ``fit``; ``self.before``/``self.after`` hold the validation rewards."""
 
@@ -47,13 +59,16 @@ class RunSummary(Callback):
         self._log(trainer, self.before, self._step(trainer))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if outputs and "rewards" in outputs:
-            self.train_rewards.append(float(outputs["rewards"].mean()))
+        # what the loggers got: the weighted total over the valid samples of every rank (a non-finite score is left
+        # out, never counted as 0)
+        total = trainer.callback_metrics.get("train/reward/total")
+        if total is not None:
+            self.train_rewards.append(float(total))
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self.after = self._evaluate(trainer, pl_module)
         self._log(trainer, self.after, self._step(trainer))
-        lines = ["", "flowrl run summary", f"  logs:        {trainer.log_dir}"]
+        lines = ["", "flowrl run summary", *log_lines(trainer)]
         grids = [c.dir for c in trainer.callbacks if getattr(c, "dir", None) is not None]
         if grids:
             lines.append(f"  samples:     {grids[0]}")
@@ -61,10 +76,14 @@ class RunSummary(Callback):
         if ckpt is not None and (ckpt.last_model_path or ckpt.best_model_path):
             lines.append(f"  checkpoint:  {ckpt.last_model_path or ckpt.best_model_path}")
         if self.train_rewards:
-            lines.append(f"  train reward (batch mean): first step {self.train_rewards[0]:.4f} -> "
+            lines.append(f"  train reward/total (as logged): first step {self.train_rewards[0]:.4f} -> "
                          f"last step {self.train_rewards[-1]:.4f} over {len(self.train_rewards)} steps")
         if self.before and self.after:
             for name in self.after:
-                lines.append(f"  val {name}: {self.before[name]:.4f} -> {self.after[name]:.4f}")
+                if not name.endswith("_nonfinite"):
+                    lines.append(f"  val {name}: {self.before[name]:.4f} -> {self.after[name]:.4f}")
+            for name in sorted({k for k in {**self.before, **self.after} if k.endswith("_nonfinite")}):
+                lines.append(f"  val {name} (left out of the means): {self.before.get(name, 0):g} -> "
+                             f"{self.after.get(name, 0):g}")
         if trainer.is_global_zero:  # printed, not logged: the last thing a quickstart user reads
             print("\n".join(lines), flush=True)

@@ -39,12 +39,15 @@ class SampleGrid(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.fit_loop.total_batch_idx
-        if not trainer.is_global_zero or not outputs or step % self.every_n_steps:
+        if not outputs or step % self.every_n_steps:
+            return
+        # Trainer.log_dir broadcasts from rank zero: every rank asks, or rank zero waits forever (a DDP hang)
+        self.dir = Path(trainer.log_dir or trainer.default_root_dir) / "samples"
+        if not trainer.is_global_zero:
             return
         n = min(self.num_images, len(outputs["prompts"]))
         captions = [f"{p}\nr={r:.3f}" for p, r in zip(outputs["prompts"][:n], outputs["rewards"][:n].tolist())]
         image = grid_image(outputs["images"][:n], captions, self.columns)
-        self.dir = Path(trainer.log_dir or trainer.default_root_dir) / "samples"
         self.dir.mkdir(parents=True, exist_ok=True)
         image.save(self.dir / f"step_{step:06d}.png")
         experiment = getattr(trainer.logger, "experiment", None)

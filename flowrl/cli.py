@@ -12,13 +12,22 @@ as a one-key config layer, in place: jsonargparse turns such a command-line ``nu
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import zipfile
+from pathlib import Path
 from typing import Any, Optional
 
 from jsonargparse import set_parsing_settings
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from flowrl.callbacks.progress import RunProgressBar
 from flowrl.data import GroupLayout, PromptDataModule
+from flowrl.hub import model_problems
+from flowrl.log_versions import launched_as_rank_zero, share_log_versions
 from flowrl.methods.grpo_loop import GRPOLoop
 from flowrl.methods.options import option_problems
 
@@ -53,12 +62,84 @@ def config_problems(config: Any) -> list[str]:
     # a method with options of its own checks them (and the loop's) with its class attribute `option_problems`
     method = _class(model["class_path"]) if model.get("class_path") else GRPOLoop
     problems += getattr(method, "option_problems", option_problems)(**_as_dict(model.get("init_args")))
+    init_args = _as_dict(model.get("init_args"))
+    policy = _as_dict(init_args.get("policy"))
+    if isinstance(_as_dict(policy.get("init_args")).get("model"), str):
+        problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
+    trainer = _as_dict(config.get("trainer"))
+    world = world_size(trainer)
     data = _as_dict(config.get("data"))
-    layout = GroupLayout(1, data.get("num_groups", 4), data.get("group_size", 8), 1, data.get("spread_groups", True))
-    problems += layout.problems()
-    if config.get("trainer", {}).get("use_distributed_sampler"):
+    layout = GroupLayout(1, data.get("num_groups", 4), data.get("group_size", 8), world or 1,
+                         data.get("spread_groups", True))
+    problems += layout.problems() + schedule_problems(init_args, trainer, layout.local_batch_size)
+    if trainer.get("use_distributed_sampler"):
         problems.append("trainer.use_distributed_sampler=true would re-split the GRPO groups; set it to false")
+    for key in ("prompts", "val_prompts"):
+        if isinstance(source := data.get(key), str) and not Path(source).expanduser().is_file():
+            problems.append(f"data.{key}={source!r} does not exist (relative paths start at {Path.cwd()}); give a "
+                            ".txt/.jsonl file or a list of prompts")
+    if ckpt := config.get("ckpt_path"):
+        problems += checkpoint_problems(str(ckpt))
     return problems
+
+
+def world_size(trainer: dict) -> Optional[int]:
+    """Processes the trainer config asks for, where the config says (an int or a list of devices, times nodes).
+
+    >>> world_size({"devices": 2, "num_nodes": 2}), world_size({"devices": [0, 1]}), world_size({"devices": "auto"})
+    (4, 2, None)
+    """
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1) or 1
+    if isinstance(devices, str) and devices.isdigit():
+        devices = int(devices)
+    if isinstance(devices, (list, tuple)):
+        devices = len(devices)
+    return devices * nodes if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) else None
+
+
+def schedule_problems(init_args: dict, trainer: dict, local_batch_size: int) -> list[str]:
+    """Optimizer steps per batch against ``trainer.max_steps`` and against what one rank's batch can be split into.
+
+    >>> schedule_problems({"num_minibatches": 2}, {"max_steps": 3}, 8)  # doctest: +ELLIPSIS
+    ['trainer.max_steps=3 is not a multiple of the 2 optimizer steps ... use 2 or 4']
+    >>> schedule_problems({"num_minibatches": 1000, "num_steps": 4}, {"max_steps": 2000}, 8)[0][:65]
+    'model.num_minibatches=1000 exceeds the at most 32 trained (sample'
+    """
+    problems = []
+    per_batch = init_args.get("num_inner_epochs", 1) * init_args.get("num_minibatches", 1)
+    max_steps = trainer.get("max_steps", -1)
+    if isinstance(max_steps, int) and max_steps > 0 and per_batch > 0 and max_steps % per_batch:
+        lower, upper = max_steps // per_batch * per_batch, -(-max_steps // per_batch) * per_batch
+        problems.append(f"trainer.max_steps={max_steps} is not a multiple of the {per_batch} optimizer steps each "
+                        f"batch takes (model.num_inner_epochs x model.num_minibatches), so the run would stop "
+                        f"after {upper}; use {' or '.join(str(v) for v in sorted({lower, upper}) if v > 0)}")
+    pairs = local_batch_size * init_args.get("num_steps", 10)  # an upper bound: every step of every sample trained
+    if init_args.get("num_minibatches", 1) > pairs > 0:
+        problems.append(f"model.num_minibatches={init_args['num_minibatches']} exceeds the at most {pairs} trained "
+                        f"(sample, step) pairs of one rank's batch ({local_batch_size} samples x "
+                        f"{init_args.get('num_steps', 10)} steps); each minibatch needs at least one, so lower it")
+    return problems
+
+
+def checkpoint_problems(path: str) -> list[str]:
+    """A ``--ckpt_path`` that cannot be a checkpoint: missing, empty, or a file that is not a ``torch.save`` zip
+    (Lightning's special values ``last``/``best``/``hpc``/``registry`` and sharded checkpoint folders pass).
+
+    >>> checkpoint_problems("/no/such.ckpt")  # doctest: +ELLIPSIS
+    ["ckpt_path='/no/such.ckpt' does not exist; ..."]
+    """
+    if path in ("last", "best", "hpc", "registry") or path.startswith("registry:"):
+        return []
+    file = Path(path).expanduser()
+    fix = "pass an existing .ckpt (e.g. runs/<name>/version_N/checkpoints/last.ckpt), or leave ckpt_path out"
+    if not file.exists():
+        return [f"ckpt_path={path!r} does not exist; {fix}"]
+    if file.is_file() and file.stat().st_size == 0:
+        return [f"ckpt_path={path!r} is empty (0 bytes: a save that was cut off); {fix}, e.g. an earlier step's"]
+    if file.is_file() and not zipfile.is_zipfile(file):
+        return [f"ckpt_path={path!r} is not a complete checkpoint (not a torch.save zip archive: truncated or "
+                f"another kind of file); {fix}, e.g. an earlier step's"]
+    return []
 
 
 def null_overrides_as_configs(args: list[str]) -> list[str]:
@@ -97,6 +178,31 @@ class FlowRLCLI(LightningCLI):
             return
         if problems := config_problems(config):
             raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+        share_log_versions(config.get("trainer", {}).get("logger"), rank_zero=launched_as_rank_zero())
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the checkpoint's hyperparameters right after parsing, before any hook of ours: a 0-byte
+        # or cut-off file would surface as torch's bare EOFError or zip error
+        config = self.config.get(self.config.get("subcommand") or "", self.config)
+        if ckpt := config.get("ckpt_path"):
+            if problems := checkpoint_problems(str(ckpt)):
+                raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+        super()._parse_ckpt_path()
+
+    def instantiate_trainer(self, **kwargs: Any):
+        trainer = self.config_init.get(self.subcommand, self.config_init).get("trainer")
+        callbacks = list(trainer.get("callbacks") or [])
+        if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            trainer["callbacks"] = callbacks + [RunProgressBar()]
+        return super().instantiate_trainer(**kwargs)
+
+    def before_fit(self) -> None:
+        # the CSV writer of a fresh version starts while the folder is still empty: Lightning warns about (and would
+        # delete) an older metrics.csv when it finds the folder non-empty, which here only means TensorBoard's events
+        if launched_as_rank_zero():
+            for logger in self.trainer.loggers:
+                if isinstance(logger, CSVLogger):
+                    logger.experiment  # noqa: B018
 
 
 def main(args: Optional[list[str]] = None) -> None:
@@ -110,6 +216,9 @@ def main(args: Optional[list[str]] = None) -> None:
     args = null_overrides_as_configs(args)
     if from_argv:  # LightningCLI reads sys.argv itself, and warns when given args beside a command line
         sys.argv[1:], args = args, None
-    FlowRLCLI(GRPOLoop, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
-              parser_kwargs={"parser_mode": "omegaconf+"}, save_config_kwargs={"overwrite": True},
-              args=args)
+    try:
+        FlowRLCLI(GRPOLoop, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
+                  parser_kwargs={"parser_mode": "omegaconf+"}, save_config_kwargs={"overwrite": True},
+                  args=args)
+    except SIGTERMException as stop:  # Lightning stops (and checkpoints, if configured) and exits 0: a scheduler
+        raise SystemExit(128 + signal.SIGTERM) from stop  # would read success; the shell's code for SIGTERM instead

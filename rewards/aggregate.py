@@ -43,6 +43,45 @@ def weighted_sum(scores: dict[str, Tensor], weights: dict[str, float]) -> tuple[
     return total, valid
 
 
+def reward_tally(scores: dict[str, Tensor], weights: dict[str, float]) -> dict[str, Tensor]:
+    """Sums and counts that add up over batches and ranks into means that leave non-finite scores out.
+
+    For each reward ``name``: ``name`` (sum of its finite scores), ``name/count`` (how many) and ``name/nonfinite``;
+    for the weighted total, ``total`` / ``total/count`` over the valid rows (every score finite) and
+    ``total/nonfinite`` (rows left out). :func:`tally_means` turns a (summed) tally into means.
+
+    >>> t = reward_tally({"a": torch.tensor([1.0, float("nan"), 3.0])}, {"a": 2.0})
+    >>> {k: v.item() for k, v in t.items()}  # doctest: +NORMALIZE_WHITESPACE
+    {'a': 4.0, 'a/count': 2.0, 'a/nonfinite': 1.0, 'total': 8.0, 'total/count': 2.0, 'total/nonfinite': 1.0}
+    """
+    total, valid = weighted_sum(scores, weights)
+    out: dict[str, Tensor] = {}
+    for name, values in {**scores, "total": total}.items():
+        finite = valid if name == "total" else torch.isfinite(values)
+        out[name] = torch.where(finite, values.float(), 0.0).sum()
+        out[f"{name}/count"] = finite.sum().float()
+        out[f"{name}/nonfinite"] = (~finite).sum().float()
+    return out
+
+
+def tally_means(tally: dict[str, Tensor]) -> dict[str, float]:
+    """``{name: mean over finite scores}`` (NaN where none was finite) and ``{name_nonfinite: count}`` where the
+    count is not 0, from a :func:`reward_tally` (or a sum of several).
+
+    >>> tally_means(reward_tally({"a": torch.tensor([1.0, float("nan"), 3.0])}, {"a": 2.0}))
+    {'a': 2.0, 'a_nonfinite': 1.0, 'total': 4.0, 'total_nonfinite': 1.0}
+    """
+    out: dict[str, float] = {}
+    for key, value in tally.items():
+        if "/" in key:
+            continue
+        count = float(tally[f"{key}/count"])
+        out[key] = float(value) / count if count else float("nan")
+        if (nonfinite := float(tally[f"{key}/nonfinite"])) > 0:
+            out[f"{key}_nonfinite"] = nonfinite
+    return out
+
+
 def group_normalized(x: Tensor, group_ids: Tensor, eps: float = 1e-4, ddof: int = 1) -> Tensor:
     """``(x - mean_g) / (std_g + eps)`` per group ``[B]``; a group of ``<= ddof`` rows gets 0.
 

@@ -11,8 +11,8 @@ from typing import Optional
 
 from torch import Tensor
 
-from flowrl.digit_canvas import parse_prompt
-from flowrl.policies.hub import resolve_model
+from flowrl.digit_canvas import CANVAS_SIZE, parse_prompt
+from flowrl.hub import resolve_model
 from flowrl.rewards.base import ModelReward
 
 
@@ -35,5 +35,8 @@ class DigitAlignment(ModelReward):
         return DigitCanvasClassifier.from_pretrained(model).eval().requires_grad_(False).to(device, dtype)
 
     def _score(self, images, prompts, metadata) -> Tensor:
+        if tuple(images.shape[-2:]) != (CANVAS_SIZE, CANVAS_SIZE):  # a ValueError: the reward server answers 400
+            raise ValueError(f"reward {self.name!r}: the digit classifier reads {CANVAS_SIZE}x{CANVAS_SIZE} canvases;"
+                             f" got {images.shape[-2]}x{images.shape[-1]} images")
         specs = [parse_prompt(p) for p in prompts]
         return self.model.alignment(images.to(self.model_device, self.dtype), specs)

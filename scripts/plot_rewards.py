@@ -1,8 +1,11 @@
 """Reward curves from CSVLogger ``metrics.csv`` files, as one PNG.
 
-    python scripts/plot_rewards.py runs/quickstart/csv/metrics.csv --out docs/quickstart_reward.png
+    python scripts/plot_rewards.py runs/quickstart/version_0/metrics.csv --out docs/quickstart_reward.png
     python scripts/plot_rewards.py flow=a/metrics.csv dense=b/metrics.csv --x nfe --out compare.png
     python scripts/plot_rewards.py flow=s0.csv,s1.csv,s2.csv dense=d0.csv,d1.csv,d2.csv --x nfe --table
+
+A run resumed from a checkpoint logs into a new ``version_N`` folder; its curve starts with the history of the run
+it resumed from (found through the ``ckpt_path`` of its ``config.yaml``), so one file gives the whole run.
 
 Each run draws its per-step training reward (thin), a moving average (thick) and its validation points (markers).
 A run given as several comma-separated files (seeds of one config) draws the mean over them of the moving average
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 from pathlib import Path
 
@@ -27,9 +31,30 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
-    """Rows of a CSVLogger file with empty cells dropped and values as floats."""
+    """Rows of a CSVLogger file with empty cells dropped and values as floats, preceded by the history of the run
+    it resumed from (see :func:`resumed_from`): that run's rows before this one's first step."""
     with open(path, newline="") as f:
-        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    earlier = resumed_from(Path(path))
+    if earlier is None or not rows:
+        return rows
+    first = min(row["step"] for row in rows if "step" in row)
+    return [row for row in read_metrics(earlier) if row.get("step", first) < first] + rows
+
+
+def resumed_from(metrics: Path) -> Path | None:
+    """The ``metrics.csv`` of the run a flowrl run resumed from: its ``config.yaml`` (saved by LightningCLI beside
+    the metrics) names the checkpoint, and the checkpoint lies in ``<that run's folder>/checkpoints/``."""
+    config = metrics.parent / "config.yaml"
+    if not config.is_file():
+        return None
+    match = re.search(r"^ckpt_path: (.+)$", config.read_text(), flags=re.M)
+    if not match or match.group(1).strip() in ("null", "last", "best", "hpc"):
+        return None
+    ckpt = Path(match.group(1).strip().strip("'\"")).expanduser()
+    folder = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    earlier = folder / "metrics.csv"
+    return earlier if earlier.is_file() and earlier.resolve() != metrics.resolve() else None
 
 
 def series(rows: list[dict[str, float]], key: str, x: str = "step") -> tuple[list[float], list[float]]:

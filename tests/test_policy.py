@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from flowrl.policies import LoraOptions, TinyFlowPolicy
-from flowrl.policies.hub import resolve_model
+from flowrl.hub import resolve_model
 
 
 def test_loads_from_a_folder_and_runs_cfg(tiny_model_dir):

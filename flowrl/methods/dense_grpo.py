@@ -169,9 +169,11 @@ class DenseGRPO(GRPOLoop):
         return [texts[i] for i in self._gather(batch["prompt_ids"].to(self.device)).unique().tolist()]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint["dense_grpo"] = {"noise_scales": self.noise_scales.clone(), "calibrated": self.calibrated}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         state = checkpoint.get("dense_grpo")
         if state is not None:
             self.noise_scales, self.calibrated = state["noise_scales"].float().cpu(), bool(state["calibrated"])

@@ -9,6 +9,7 @@ Methods override ``rollout``, ``step_rewards``, ``compute_advantages`` and ``los
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import warnings
 from contextlib import nullcontext
@@ -22,10 +23,11 @@ from torch import Tensor
 
 from flowrl import advantages as adv_lib
 from flowrl import losses
-from flowrl.methods.micro_batches import micro_batches
+from flowrl.methods.micro_batches import Minibatch, rank_minibatches
 from flowrl.methods.options import loss_problems, option_problems, resolved_loss_options
+from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
-from flowrl.rewards.aggregate import aggregate, weighted_sum
+from flowrl.rewards.aggregate import aggregate, reward_tally, tally_means, weighted_sum
 from flowrl.rewards.base import reward_callbacks
 from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
 from flowrl.sampling.steps import ODE_STEPS, get_step
@@ -69,6 +71,9 @@ class GRPOLoop(LightningModule):
             under the unchanged weights, computed in the update's own micro-batches (verl's ``old_log_prob``
             recomputation), so the first minibatch's ratios are exactly 1 whatever the sampling batch or precision;
             costs one extra forward pass over the trained steps.
+        max_nonfinite_steps: an optimizer step whose loss or gradient norm is NaN or inf (on any rank) is skipped
+            and counted (``train/nonfinite_steps``); this many skipped in a row stop the run with an error naming
+            the quantity.
     """
 
     scores_own_rewards = True  # reward callbacks must not score validation outputs a second time
@@ -81,13 +86,15 @@ class GRPOLoop(LightningModule):
                  num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                  max_grad_norm: Optional[float] = 1.0, optimizer: OptimizerCallable = torch.optim.AdamW,
                  seed: int = 0, reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None,
-                 check_ratio: bool = False, check_ratio_threshold: float = 1e-3, recompute_log_probs: bool = False):
+                 check_ratio: bool = False, check_ratio_threshold: float = 1e-3, recompute_log_probs: bool = False,
+                 max_nonfinite_steps: int = 3):
         super().__init__()
         problems = option_problems(num_steps=num_steps, step_kind=step_kind, timestep_fraction=timestep_fraction,
                                    num_inner_epochs=num_inner_epochs, num_minibatches=num_minibatches,
                                    micro_batch_size=micro_batch_size, advantage=advantage,
                                    advantage_options=advantage_options, reward_aggregation=reward_aggregation,
-                                   sample_chunk_size=sample_chunk_size, policy=policy)
+                                   sample_chunk_size=sample_chunk_size, policy=policy, noise_level=noise_level,
+                                   beta=beta, max_nonfinite_steps=max_nonfinite_steps)
         problems += loss_problems(loss=loss, loss_options=loss_options, clip_range=clip_range)
         if problems:
             raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
@@ -103,17 +110,30 @@ class GRPOLoop(LightningModule):
         self.optimizer_factory, self.seed = optimizer, seed
         self.reward_aggregation, self.sample_chunk_size = reward_aggregation, sample_chunk_size
         self.check_ratio, self.check_ratio_threshold = check_ratio, check_ratio_threshold
-        self.recompute_log_probs = recompute_log_probs
+        self.recompute_log_probs, self.max_nonfinite_steps = recompute_log_probs, max_nonfinite_steps
+        self.nonfinite_in_a_row = 0  # skipped optimizer steps since the last finite one (checkpointed)
         if beta > 0:
             policy.setup_reference()
 
     def configure_optimizers(self):
         return self.optimizer_factory(self.policy.trainable_parameters())
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["flowrl_loop"] = {"nonfinite_in_a_row": self.nonfinite_in_a_row}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.nonfinite_in_a_row = checkpoint.get("flowrl_loop", {}).get("nonfinite_in_a_row", 0)
+
     def on_fit_start(self) -> None:
         if not reward_callbacks(self.trainer.callbacks):
             raise RuntimeError("no reward callback on the trainer: add one under trainer.callbacks, e.g. "
                                "{class_path: flowrl.rewards.DigitAlignment}")
+        problems = output_dir_problems(self.trainer, self.trainer.is_global_zero)
+        elsewhere = self.trainer.world_size > 1 and self.trainer.strategy.reduce_boolean_decision(
+            bool(problems), all=False)  # every rank stops, or none: a rank left alone would wait in a collective
+        if problems or elsewhere:
+            raise PermissionError("output folders cannot be written (checked before the first rollout):\n  " +
+                                  "\n  ".join(problems or ["on another rank; see its error"]))
 
     # -- hooks ---------------------------------------------------------------------------------------------
 
@@ -226,10 +246,16 @@ class GRPOLoop(LightningModule):
         self.policy.train()
         opt = self.optimizers()
         pairs = rollout.train_mask.nonzero()  # [P, 2] (sample, step)
+        # the minibatches are drawn from the pairs of every rank alike, so each rank takes the same optimizer steps
+        # and a 2-process run trains the minibatches of a 1-process run; each rank computes its own rows' share
+        global_pairs = self._gather(rollout.train_mask).nonzero()  # [P_global, 2]
+        world, local = self.trainer.world_size, rollout.train_mask.shape[0]
+        rows = (self.trainer.global_rank * local, (self.trainer.global_rank + 1) * local) if world > 1 else (0, -1)
         gen_seed = self.seed * 1_000_003 + self.global_step
         gen = torch.Generator().manual_seed(gen_seed)
         checked = {}
-        first_epoch = self.micro_batches(pairs, torch.Generator().manual_seed(gen_seed))  # as the loop below draws it
+        first_epoch = [mb.micro for mb in self.minibatches(global_pairs, torch.Generator().manual_seed(gen_seed),
+                                                           rows)]  # as the loop below draws it
         if self.recompute_log_probs:
             rollout = dataclasses.replace(rollout, log_probs=self.recomputed_log_probs(rollout, cond, first_epoch))
         if self.check_ratio and self.global_step == 0:
@@ -238,28 +264,65 @@ class GRPOLoop(LightningModule):
         sums: dict[str, float] = {}
         extremes = {"ratio_min": float("inf"), "ratio_max": float("-inf")}
         grad_norms: list[float] = []
+        skipped = 0
         for _ in range(self.num_inner_epochs):
-            for micro in self.micro_batches(pairs, gen):
-                size = sum(len(chunk) for chunk in micro)
-                for i, chunk in enumerate(micro):
-                    last = i == len(micro) - 1
+            for minibatch in self.minibatches(global_pairs, gen, rows):
+                losses_finite = True
+                for i, chunk in enumerate(minibatch.micro):
+                    last = i == len(minibatch.micro) - 1
                     with nullcontext() if last else self._no_sync():
                         loss, stats = self.pair_loss(rollout, cond, advantages, weights, chunk)
-                        self.manual_backward(loss * len(chunk) / size)
+                        # DDP averages gradients over ranks: scaled so the result is the minibatch's mean
+                        self.manual_backward(loss * (len(chunk) * world) / minibatch.size)
+                    losses_finite &= bool(torch.isfinite(loss))
                     extremes["ratio_min"] = min(extremes["ratio_min"], stats.pop("ratio_min"))
                     extremes["ratio_max"] = max(extremes["ratio_max"], stats.pop("ratio_max"))
                     for key, value in stats.items():
                         sums[key] = sums.get(key, 0.0) + value * len(chunk)
-                grad_norms.append(self._grad_norm())
+                if not minibatch.micro:  # none of this minibatch's pairs are here: join its gradient sync with zeros
+                    self.manual_backward(sum(p.sum() for p in self.policy.trainable_parameters()) * 0.0)
+                grad_norm = self._grad_norm()
+                if self._skip_nonfinite_step(losses_finite, grad_norm):
+                    opt.zero_grad()
+                    skipped += 1
+                    continue
+                grad_norms.append(grad_norm)
                 if self.max_grad_norm is not None:
                     self.clip_gradients(opt, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
                 opt.step()
                 opt.zero_grad()
         count = max(len(pairs), 1) * self.num_inner_epochs
         out = {key: value / count for key, value in sums.items()}
-        out.update(extremes, ratio_max_dev=max(extremes["ratio_max"] - 1, 1 - extremes["ratio_min"]))
-        out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)  # before clipping, mean over optimizer steps
+        if len(pairs):  # a rank may hold no trained pair of this batch
+            out.update(extremes, ratio_max_dev=max(extremes["ratio_max"] - 1, 1 - extremes["ratio_min"]))
+        # before clipping, mean over the optimizer steps taken
+        out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        out["nonfinite_steps"] = float(skipped)
         return {**out, **checked}
+
+    def _skip_nonfinite_step(self, loss_finite: bool, grad_norm: float) -> bool:
+        """Whether to skip this optimizer step (a non-finite loss or gradient norm on any rank: one collective, so
+        every rank decides alike); raises after ``max_nonfinite_steps`` skipped in a row."""
+        bad = not (loss_finite and math.isfinite(grad_norm))
+        if self.trainer.world_size > 1:
+            bad = self.trainer.strategy.reduce_boolean_decision(bad, all=False)
+        if not bad:
+            self.nonfinite_in_a_row = 0
+            return False
+        self.nonfinite_in_a_row += 1
+        if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
+            quantity = "the loss" if not loss_finite else "the gradient norm" if not math.isfinite(grad_norm) else (
+                "the loss or gradient norm on another rank")
+            raise FloatingPointError(
+                f"{quantity} was NaN or inf at {self.nonfinite_in_a_row} optimizer steps in a row (the last at "
+                f"global step {self.global_step}); those steps were skipped and the weights are unchanged since the "
+                "last finite one. Usual causes: a learning rate too high (model.optimizer.init_args.lr), fp16 "
+                "overflow (use bf16 or 32-true precision), or a reward or noise setting that makes log-probs "
+                f"non-finite. Stopping (model.max_nonfinite_steps={self.max_nonfinite_steps}).")
+        rank_zero_warn(f"skipped optimizer step {self.global_step}: non-finite {'loss' if not loss_finite else 'gradient'}"
+                       f" ({self.nonfinite_in_a_row} in a row; the run stops at model.max_nonfinite_steps="
+                       f"{self.max_nonfinite_steps})")
+        return True
 
     @torch.no_grad()
     def on_policy_ratio_deviation(self, rollout: Rollout, cond: Conditioning, advantages: Tensor, weights: Tensor,
@@ -298,10 +361,15 @@ class GRPOLoop(LightningModule):
         return get_step(self.step_kind)(z, velocity, sigma, rollout.sigmas[b, k + 1], z_next=rollout.latents[b, k + 1],
                                         noise_level=self.noise_levels().to(self.device)[k])
 
+    def minibatches(self, pairs: Tensor, gen: torch.Generator, rows: tuple[int, int] = (0, -1)) -> list[Minibatch]:
+        """One epoch of the gathered ``pairs`` shuffled into minibatches, this rank's ``rows`` of each in
+        micro-batches (``flowrl.methods.micro_batches``); whole samples for ``gspo``."""
+        return rank_minibatches(pairs, gen, self.num_minibatches, self.micro_batch_size,
+                                whole_samples=losses.is_sequence_level(self.loss), rows=rows)
+
     def micro_batches(self, pairs: Tensor, gen: torch.Generator) -> list[list[Tensor]]:
-        """One epoch of shuffled micro-batches (``flowrl.methods.micro_batches``); whole samples for ``gspo``."""
-        return micro_batches(pairs, gen, self.num_minibatches, self.micro_batch_size,
-                             whole_samples=losses.is_sequence_level(self.loss))
+        """One epoch of one rank's shuffled micro-batches per minibatch."""
+        return [mb.micro for mb in self.minibatches(pairs, gen)]
 
     def _no_sync(self):
         """Skip the gradient all-reduce of a non-final micro-batch (DDP); a no-op on one device."""
@@ -370,27 +438,42 @@ class GRPOLoop(LightningModule):
         latents, _ = sample(velocity, seeds, sigmas, self.policy.latent_shape(), ode, device=self.device)
         return self.policy.decode(latents[:, -1])
 
-    def _scores_with_total(self, prompts: list[str], seeds: Tensor) -> dict[str, Tensor]:
+    def _tally(self, prompts: list[str], seeds: Tensor) -> dict[str, Tensor]:
+        """``reward_tally`` of the ODE samples of ``prompts`` from ``seeds``."""
         images = self.generate(prompts, seeds.to(self.device))
-        scores = self.score(images, prompts)
         weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
-        scores["total"] = weighted_sum(scores, weights)[0]
-        return scores
+        return reward_tally(self.score(images, prompts), weights)
+
+    def _reduced_means(self, tallies: list[dict[str, Tensor]]) -> dict[str, float]:
+        """Means of the tallies summed over batches and then over ranks (one collective, the same on every rank even
+        when ranks hold different numbers of batches)."""
+        names = [r.name for r in reward_callbacks(self.trainer.callbacks)] + ["total"]
+        keys = [f"{n}{suffix}" for n in names for suffix in ("", "/count", "/nonfinite")]
+        summed = torch.zeros(len(keys), dtype=torch.float64, device=self.device)
+        for tally in tallies:
+            summed += torch.stack([tally[k].double() for k in keys]).to(self.device)
+        if self.trainer.world_size > 1:
+            summed = self.trainer.strategy.reduce(summed, reduce_op="sum")
+        return tally_means(dict(zip(keys, summed.cpu())))
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_tallies: list[dict[str, Tensor]] = []
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        for name, values in self._scores_with_total(batch["prompts"], batch["seeds"]).items():
-            self.log(f"val/reward/{name}", values.mean(), batch_size=len(values), sync_dist=True)
+        self._val_tallies.append(self._tally(batch["prompts"], batch["seeds"]))
+
+    def on_validation_epoch_end(self) -> None:
+        # already reduced over ranks; non-finite scores are left out of the means and counted, never scored as 0
+        for name, value in self._reduced_means(self._val_tallies).items():
+            self.log(f"val/reward/{name}", value, batch_size=1)
 
     @torch.no_grad()
     def evaluate(self, batches: list[dict]) -> dict[str, float]:
-        """Mean reward per name (and ``total``) over evaluation batches of ``prompts`` and ``seeds``."""
+        """Mean reward per name (and ``total``) over evaluation batches of ``prompts`` and ``seeds`` on every rank
+        (call it on every rank), with ``<name>_nonfinite`` counts where scores were NaN or inf (left out of the means).
+        """
         was_training = self.policy.training
         self.policy.eval()
-        sums: dict[str, float] = {}
-        count = 0
-        for batch in batches:
-            for name, values in self._scores_with_total(batch["prompts"], batch["seeds"]).items():
-                sums[name] = sums.get(name, 0.0) + float(values.sum())
-            count += len(batch["prompts"])
+        tallies = [self._tally(batch["prompts"], batch["seeds"]) for batch in batches]
         self.policy.train(was_training)
-        return {name: value / max(count, 1) for name, value in sums.items()}
+        return self._reduced_means(tallies)

@@ -42,7 +42,8 @@ def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_
                     num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                     advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict] = None,
                     reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None,
-                    policy: Any = None, **_: Any) -> list[str]:
+                    policy: Any = None, noise_level: float = 0.7, beta: float = 0.0,
+                    max_nonfinite_steps: int = 3, optimizer: Any = None, **_: Any) -> list[str]:
     """Problems with the loop's options, each naming the key and the fix (checked before any weight loads).
 
     ``policy`` (an adapter, or its parsed ``{class_path, init_args}``) is checked against ``step_kind``: a step reads
@@ -59,6 +60,14 @@ def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_
     if num_steps < 1 or not 0 < timestep_fraction <= 1:
         problems.append(f"model.num_steps={num_steps} must be >= 1 and model.timestep_fraction={timestep_fraction} "
                         "in (0, 1]")
+    if not noise_level > 0:  # also NaN
+        problems.append(f"model.noise_level={noise_level} must be > 0: the SDE step's std is proportional to it, and "
+                        "0 or less gives NaN log-probs (use the ODE for deterministic sampling; 0.7 is Flow-GRPO's)")
+    if not beta >= 0:
+        problems.append(f"model.beta={beta} must be >= 0 (the KL penalty's coefficient; 0 disables it)")
+    if max_nonfinite_steps < 1:
+        problems.append(f"model.max_nonfinite_steps={max_nonfinite_steps} must be >= 1")
+    problems += optimizer_problems(optimizer)
     if min(num_inner_epochs, num_minibatches, micro_batch_size) < 1:
         problems.append("model.num_inner_epochs, num_minibatches and micro_batch_size must be >= 1")
     try:
@@ -71,6 +80,22 @@ def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_
     if sample_chunk_size is not None and sample_chunk_size < 1:
         problems.append(f"model.sample_chunk_size={sample_chunk_size} must be >= 1 (or null: the whole batch at once)")
     return problems
+
+
+def optimizer_problems(optimizer: Any) -> list[str]:
+    """Problems with the optimizer's parsed ``init_args`` (a learning rate that is not positive), found before the
+    optimizer (or any weight) is built; an already built optimizer factory is not inspected.
+
+    >>> optimizer_problems({"class_path": "torch.optim.AdamW", "init_args": {"lr": -1e-3}})  # doctest: +ELLIPSIS
+    ['model.optimizer.init_args.lr=-0.001 must be > 0 ...']
+    """
+    init_args = optimizer.get("init_args") if isinstance(optimizer, dict) else getattr(optimizer, "init_args", None)
+    if hasattr(init_args, "as_dict"):
+        init_args = init_args.as_dict()
+    lr = (init_args or {}).get("lr") if isinstance(init_args, dict) else None
+    if isinstance(lr, (int, float)) and not lr > 0:
+        return [f"model.optimizer.init_args.lr={lr} must be > 0 (e.g. 3.0e-4 for LoRA, 1.0e-5 for full fine-tuning)"]
+    return []
 
 
 def policy_prediction(policy: Any) -> Optional[str]:

@@ -1,0 +1,70 @@
+"""Bad settings fail before any weight loads, with one message that names the key and the fix: numbers that make
+training NaN or meaningless, a batch that cannot be split as asked, a model or checkpoint that cannot load."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowrl.cli import main
+from tests.rewards.server_process import free_port
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+CONFIG = str(HERE / "fit_tiny.yaml")
+MISSING = "/no/such/model/folder"  # every case below must fail before this path is ever opened
+
+
+def fails(*extra, model=MISSING) -> str:
+    with pytest.raises(SystemExit) as err:
+        main(["fit", "--config", CONFIG, f"--model.init_args.policy.init_args.model={model}", *extra])
+    return str(err.value)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model.init_args.noise_level=0"], "model.noise_level=0.0 must be > 0"),
+    (["--model.init_args.noise_level=-0.7"], "model.noise_level=-0.7 must be > 0"),
+    (["--model.init_args.beta=-0.1"], "model.beta=-0.1 must be >= 0"),
+    (["--model.init_args.optimizer.init_args.lr=-1e-3"], "model.optimizer.init_args.lr=-0.001 must be > 0"),
+    (["--model.init_args.optimizer.init_args.lr=0"], "model.optimizer.init_args.lr=0.0 must be > 0"),
+    (["--model.init_args.max_nonfinite_steps=0"], "model.max_nonfinite_steps=0 must be >= 1"),
+    (["--model.init_args.num_minibatches=1000"], "model.num_minibatches=1000 exceeds the at most 24 trained"),
+    (["--model.init_args.num_minibatches=2", "--trainer.max_steps=3"],
+     "trainer.max_steps=3 is not a multiple of the 2 optimizer steps each batch takes"),
+    (["--data.prompts=no_such_prompts.txt"], "data.prompts='no_such_prompts.txt' does not exist"),
+])
+def test_bad_numbers_fail_before_loading(extra, message):
+    assert message in fails(*extra)
+
+
+def test_a_missing_local_model_is_named_without_a_parser_dump():
+    out = fails()
+    assert f"model.init_args.policy.init_args.model='{MISSING}'" in out and "does not exist" in out
+    assert "Union" not in out and "Namespace(" not in out
+
+
+def test_empty_or_truncated_checkpoint_is_named(tmp_path, tiny_model_dir):
+    empty = tmp_path / "empty.ckpt"
+    empty.touch()
+    assert f"ckpt_path='{empty}' is empty (0 bytes" in fails(f"--ckpt_path={empty}", model=tiny_model_dir)
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(b"PK\x03\x04 not the rest of a zip")
+    assert "is not a complete checkpoint" in fails(f"--ckpt_path={cut}", model=tiny_model_dir)
+    assert "does not exist" in fails(f"--ckpt_path={tmp_path / 'none.ckpt'}", model=tiny_model_dir)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"HF_ENDPOINT": "http://127.0.0.1:{port}"}, "did not give this model"),  # nothing listens: refused at once
+    ({"HF_HUB_OFFLINE": "1"}, "is not in the local hub cache and HF_HUB_OFFLINE is set"),
+])
+def test_an_unreachable_hub_model_is_named_at_once(tmp_path, env, message):
+    env = {k: v.format(port=free_port()) for k, v in env.items()}
+    proc = subprocess.run([sys.executable, "-m", "flowrl", "fit", "--config", CONFIG,
+                           "--model.init_args.policy.init_args.model=someorg/no-such-model"], cwd=ROOT,
+                          env={**os.environ, "HF_HOME": str(tmp_path), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                               **env}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "model.init_args.policy.init_args.model='someorg/no-such-model'" in proc.stderr
+    assert message in proc.stderr and "hf download someorg/no-such-model" in proc.stderr

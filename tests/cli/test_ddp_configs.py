@@ -1,0 +1,90 @@
+"""Every shipped tiny config runs on 2 DDP processes (and as 2 nodes x 1 process on localhost) to the end, and
+prints the validation and training numbers of a 1-process run: the sample grids and the run summary take part in
+every collective, the validation mean is reduced over the ranks, and the minibatches are drawn over the whole
+batch. Each run is a real ``python -m flowrl fit`` subprocess with a timeout, so a hang fails instead of stalling."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowrl.cli import main
+from tests.rewards.server_process import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--trainer.max_steps=2", "--data.val_prompts=[red 3 and blue 7, green 1 and red 2, blue 4 and blue 5]",
+         "--trainer.accelerator=cpu"]
+CONFIGS = {  # shrunk for CI (fewer steps, one calibration iteration); every other setting is the shipped one
+    "quickstart.yaml": ["--data.num_groups=4"],
+    "tiny_flow_grpo.yaml": ["--model.init_args.num_steps=4"],
+    "tiny_dense_grpo.yaml": ["--model.init_args.num_steps=4", "--model.init_args.calibration.iterations=1",
+                             "--model.init_args.calibration.samples=8"],
+    "tiny_tp_grpo.yaml": ["--model.init_args.num_steps=4", "--model.init_args.window_size=3"],
+}
+
+
+def args(config: str, out: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", f"configs/{config}", *SMALL, *CONFIGS[config], f"--trainer.default_root_dir={out}",
+            *extra]
+
+
+def fit(config: str, out: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "flowrl", *args(config, out, *extra)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def numbers(out: str) -> dict[str, str]:
+    """The run summary's printed numbers."""
+    found = dict(re.findall(r"^  ((?:val|train reward)[^:]*): (.+)$", out, flags=re.M))
+    assert {"val digit_alignment", "val total", "train reward/total (as logged)"} <= set(found), out[-2000:]
+    return found
+
+
+def one_process(config: str, out: Path, capsys, monkeypatch) -> dict[str, str]:
+    """The 1-process reference, run in this process (no start-up cost)."""
+    monkeypatch.chdir(ROOT)
+    main(args(config, out, "--trainer.enable_progress_bar=false"))
+    return numbers(capsys.readouterr().out)
+
+
+def finish(proc: subprocess.Popen, timeout: int = 300) -> str:
+    """The output of a run that ended with status 0 within ``timeout`` seconds."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"the run did not finish in {timeout} s (a hang?):\n{out[-3000:]}")
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def summary(proc: subprocess.Popen) -> dict[str, str]:
+    return numbers(finish(proc))
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_two_ddp_processes_print_the_numbers_of_one(config, tmp_path, capsys, monkeypatch):
+    one = one_process(config, tmp_path / "one", capsys, monkeypatch)
+    two = summary(fit(config, tmp_path / "two", "--trainer.devices=2", "--trainer.strategy=ddp"))
+    assert two == one
+    # rank zero wrote the grid and the checkpoint into the run's one folder
+    (folder,) = (tmp_path / "two").glob("*/version_0")
+    assert list((folder / "samples").glob("step_*.png")) and (folder / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_two_nodes_of_one_process_on_localhost_equal_one_process(tmp_path, capsys, monkeypatch):
+    config = "tiny_flow_grpo.yaml"
+    one = one_process(config, tmp_path / "one", capsys, monkeypatch)
+    port = str(free_port())
+    nodes = [fit(config, tmp_path / "nodes", "--trainer.num_nodes=2", "--trainer.devices=1", "--trainer.strategy=ddp",
+                 env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank), "WORLD_SIZE": "2"})
+             for rank in (0, 1)]
+    first = summary(nodes[0])
+    assert "run summary" not in finish(nodes[1])  # the second node ends too; only global rank zero prints
+    assert first == one
+    assert [p.name for p in (tmp_path / "nodes" / "tiny_flow_grpo").iterdir()] == ["version_0"]  # no stray version

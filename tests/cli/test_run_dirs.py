@@ -1,0 +1,95 @@
+"""Each run writes into a folder of its own (``<default_root_dir>/<name>/version_N``: TensorBoard events,
+metrics.csv, config, samples, checkpoints), never deletes another run's metrics, resumes into a new version that the
+plotting script joins to the one it resumed from, and shows a progress bar in optimizer steps."""
+
+import csv
+import importlib.util
+import threading
+from pathlib import Path
+
+import pytest
+
+from flowrl.cli import main
+from flowrl.log_versions import reserve_version
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("plot_rewards", ROOT / "scripts" / "plot_rewards.py")
+plot_rewards = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plot_rewards)
+
+
+def shipped(out: Path, tiny_model_dir: str, *extra: str) -> list[str]:
+    """configs/tiny_flow_grpo.yaml with its loggers, on the random-weight tiny model, shrunk to seconds."""
+    return ["fit", "--config", str(ROOT / "configs/tiny_flow_grpo.yaml"), f"--trainer.default_root_dir={out}",
+            f"--model.init_args.policy.init_args.model={tiny_model_dir}", "--model.init_args.num_steps=2",
+            f"--data.prompts={ROOT}/configs/prompts/digits_train.txt", "--data.val_prompts=null",
+            "--data.num_groups=2", "--data.group_size=2", "--trainer.enable_progress_bar=false", *extra]
+
+
+def rows(path: Path) -> list[dict]:
+    return list(csv.DictReader(path.open()))
+
+
+def test_runs_get_their_own_versions_and_keep_each_others_metrics(tiny_model_dir, tmp_path, capsys):
+    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=2"))
+    first = tmp_path / "tiny_flow_grpo" / "version_0"
+    before = (first / "metrics.csv").read_text()
+    assert list(first.glob("events.out.tfevents.*")) and (first / "config.yaml").is_file()
+    assert f"logs:        {first} (TensorBoard, metrics.csv)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="lr=-0.001 must be > 0"):  # fails at once, before any folder is made
+        main(shipped(tmp_path, tiny_model_dir, "--model.init_args.optimizer.init_args.lr=-1e-3"))
+    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=4"))
+    second = tmp_path / "tiny_flow_grpo" / "version_1"
+    assert (first / "metrics.csv").read_text() == before  # the later run deleted nothing
+    assert list(second.glob("events.out.tfevents.*")) and (second / "metrics.csv").is_file()
+    assert len([r for r in rows(second / "metrics.csv") if r["train/reward/total"]]) == 4
+    assert sorted(p.name for p in (tmp_path / "tiny_flow_grpo").iterdir()) == ["version_0", "version_1"]
+
+
+def test_a_resumed_run_gets_a_new_version_that_plot_rewards_joins(tiny_model_dir, tmp_path):
+    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=4"))
+    straight = plot_rewards.read_metrics(tmp_path / "tiny_flow_grpo" / "version_0" / "metrics.csv")
+    ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+            "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1"]
+    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=2", *ckpt))
+    first = tmp_path / "tiny_flow_grpo" / "version_1"
+    kept = (first / "metrics.csv").read_text()
+    (saved,) = first.glob("checkpoints/epoch=0-step=2.ckpt")
+    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=4", f"--ckpt_path={saved}"))
+    resumed = tmp_path / "tiny_flow_grpo" / "version_2"
+    assert (first / "metrics.csv").read_text() == kept  # the history before the resume is still there
+    assert [int(float(r["step"])) for r in rows(resumed / "metrics.csv") if r["train/reward/total"]] == [2, 3]
+    joined = plot_rewards.read_metrics(resumed / "metrics.csv")
+    trained = lambda rs: [(r["step"], r["train/reward/total"]) for r in rs if "train/reward/total" in r]  # noqa
+    assert trained(joined) == trained(straight)  # the joined history is the uninterrupted run's, step for step
+
+
+def test_default_root_dir_moves_every_output(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the configs' default, runs/, would land here
+    main(shipped(tmp_path / "elsewhere", tiny_model_dir, "--trainer.max_steps=2"))  # its ModelCheckpoint saves last
+    assert not (tmp_path / "runs").exists()
+    folder = tmp_path / "elsewhere" / "tiny_flow_grpo" / "version_0"
+    assert (folder / "metrics.csv").is_file() and (folder / "checkpoints" / "last.ckpt").is_file()
+    assert list((folder / "samples").glob("step_*.png"))
+
+
+def test_runs_started_together_reserve_different_versions(tmp_path):
+    got, start = [], threading.Barrier(8)
+
+    def reserve():
+        start.wait()
+        got.append(reserve_version(tmp_path / "name"))
+
+    threads = [threading.Thread(target=reserve) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sorted(got) == list(range(8))
+
+
+def test_progress_bar_counts_optimizer_steps_of_the_run(tiny_model_dir, tmp_path, capsys):
+    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=4", "--model.init_args.num_minibatches=2",
+                 "--trainer.enable_progress_bar=true", "--trainer.logger=false"))
+    out = capsys.readouterr()
+    bar = out.out + out.err
+    assert "steps: 100%" in bar and "4/4" in bar and "reward/total=" in bar
+    assert "Epoch" not in bar and "v_num" not in bar and "/-2" not in bar
