@@ -17,9 +17,62 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from lightning.pytorch import Callback
 from torch import Tensor
+
+
+class RewardOutputError(ValueError):
+    """A reward's scorer returned something other than one number per image: a fault of the reward, not of the
+    images or prompts it was given (the reward server answers it with 500, not 400)."""
+
+
+def to_scores(value: Any, count: int, who: str) -> Tensor:
+    """``value`` as float32 scores ``[count]``: a tensor, NumPy array or list of ``count`` real numbers (NaN marks an
+    image the reward could not score). Anything else raises :class:`RewardOutputError` naming ``who``, what it
+    returned and what it must return.
+
+    >>> to_scores([1, 2.5], 2, "reward 'r'")
+    tensor([1.0000, 2.5000])
+    >>> try:
+    ...     to_scores("high", 1, "reward 'r'")
+    ... except RewardOutputError as err:
+    ...     print(err)  # doctest: +ELLIPSIS
+    reward 'r' returned a str ('high'); it must return a tensor, a NumPy array or a list of 1 floats ...
+    """
+    must = (f"it must return a tensor, a NumPy array or a list of {count} floats (finite, or NaN for an image it "
+            f"cannot score)")
+    if torch.is_tensor(value):
+        scores = value.detach()
+    elif isinstance(value, (str, bytes, Mapping)) or value is None:
+        raise RewardOutputError(f"{who} returned {_describe(value)}; {must}")
+    else:
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError) as err:  # ragged nesting, objects NumPy cannot hold
+            raise RewardOutputError(f"{who} returned {_describe(value)} ({err}); {must}") from err
+        if array.dtype.kind not in "biuf":  # strings, objects, complex numbers
+            raise RewardOutputError(f"{who} returned {_describe(value)}; {must}")
+        scores = torch.from_numpy(array.astype(np.float64))
+    if not (scores.is_floating_point() or scores.dtype in (torch.bool, *_INT_DTYPES)):  # complex, ...
+        raise RewardOutputError(f"{who} returned a {scores.dtype} tensor; {must}")
+    if scores.shape != (count,):
+        raise RewardOutputError(f"{who} returned shape {tuple(scores.shape)} for {count} images; {must}")
+    return scores.float()
+
+
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _describe(value: Any) -> str:
+    """``a list of str (['a', 'b'])``: the type of a value, of its items for a list or tuple, and a short repr."""
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    if isinstance(value, (list, tuple)) and value:
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"a {type(value).__name__} of {' and '.join(kinds)} ({text})"
+    return f"{'an' if type(value).__name__[0] in 'aeiou' else 'a'} {type(value).__name__} ({text})"
 
 
 class RewardCallback(Callback):
@@ -43,14 +96,20 @@ class RewardCallback(Callback):
 
     @torch.no_grad()
     def score(self, images: Tensor, prompts: list[str], metadata: Optional[dict[str, Any]] = None) -> Tensor:
-        """Scores ``[B]`` (float32, on ``images.device``) for images ``[B, 3, H, W]`` in ``[0, 1]``."""
+        """Scores ``[B]`` (float32, on ``images.device``) for images ``[B, 3, H, W]`` in ``[0, 1]``.
+
+        Raises ``ValueError`` for images or prompts of the wrong shape (the caller's fault) and
+        :class:`RewardOutputError` when ``_score`` returns anything but one real number per image (the reward's)."""
         if images.ndim != 4 or images.shape[1] != 3 or len(prompts) != images.shape[0]:
             raise ValueError(f"reward {self.name!r}: expected images [B, 3, H, W] and B prompts; got "
                              f"{tuple(images.shape)} and {len(prompts)} prompts")
         metadata = metadata or {}
-        out = [self._score(images[s:s + self.batch_size], prompts[s:s + self.batch_size], metadata)
-               for s in range(0, len(prompts), self.batch_size)]
-        return torch.cat(out).float().to(images.device)
+        out = []
+        for s in range(0, len(prompts), self.batch_size):
+            chunk = prompts[s:s + self.batch_size]
+            out.append(to_scores(self._score(images[s:s + self.batch_size], chunk, metadata), len(chunk),
+                                 f"reward {self.name!r} ({type(self).__name__})").to(images.device))
+        return torch.cat(out)
 
     def submit(self, images: Tensor, prompts: list[str], metadata: Optional[dict[str, Any]] = None) -> Future:
         """Start scoring and return a ``Future`` of the scores ``[B]``. The loop submits each sampling chunk as

@@ -6,8 +6,9 @@
           init_args: {function: mypkg.rewards.brightness, options: {gamma: 2.2}, weight: 0.5}
 
 The callable is ``fn(images [B, 3, H, W] in [0, 1], prompts [B], metadata, **options)`` and returns ``B`` scores
-(a tensor, a list or a NumPy array). It is imported, and ``options`` checked against its signature, when the
-callback is built, so a typo fails before any weights load.
+(a tensor, a list or a NumPy array of numbers; anything else raises ``RewardOutputError`` naming the reward and what
+it returned). It is imported, and ``options`` checked against its signature, when the callback is built, so a typo
+fails before any weights load.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ import importlib
 import inspect
 from typing import Any, Callable, Optional
 
-import numpy as np
-import torch
 from torch import Tensor
 
-from flowrl.rewards.base import RewardCallback
+from flowrl.rewards.base import RewardCallback, to_scores
 
 
 def import_callable(path: str) -> Callable:
@@ -84,9 +83,4 @@ class FunctionReward(RewardCallback):
 
     def _score(self, images: Tensor, prompts: list[str], metadata: dict[str, Any]) -> Tensor:
         out = self.function(images, prompts, metadata, **self.options)
-        scores = out.detach() if torch.is_tensor(out) else torch.from_numpy(np.asarray(out, dtype=np.float64))
-        if scores.shape != (len(prompts),):
-            raise ValueError(f"FunctionReward {self.name!r}: {self.function_path} returned shape "
-                             f"{tuple(scores.shape)} for {len(prompts)} images; it must return one score per image "
-                             f"(shape [{len(prompts)}])")
-        return scores.float().cpu()
+        return to_scores(out, len(prompts), f"FunctionReward {self.name!r}: {self.function_path}").cpu()

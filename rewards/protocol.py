@@ -12,18 +12,23 @@ Response::
 
 ``null`` is a non-finite score (JSON has no NaN); ``batch_requests`` / ``batch_images`` say how many requests and
 images the server scored together with this one (its batching of concurrent requests).
+
+Errors: ``{"detail": "<what is wrong and how to fix it>", "batch_requests": k}`` with status 400 for a malformed
+request (:func:`decode_score_request` names the field) or one a reward rejects (its name and message), 500 when a
+reward fails on its own. Each request of a batch gets its own answer.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import io
 import math
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 ENCODINGS = ("png", "array")
@@ -55,21 +60,122 @@ def encode_images(images: Tensor, encoding: str = "png") -> dict[str, Any]:
     return {"encoding": "png", "data": pngs}
 
 
-def decode_images(payload: dict[str, Any]) -> Tensor:
-    """Images ``[B, 3, H, W]`` float32 in ``[0, 1]`` from :func:`encode_images`' output; ``ValueError`` if malformed."""
-    encoding = payload.get("encoding") if isinstance(payload, dict) else None
+def decode_images(payload: Any) -> Tensor:
+    """Images ``[B, 3, H, W]`` float32 in ``[0, 1]`` from :func:`encode_images`' output.
+
+    Raises ``ValueError`` naming the field and the fix for anything else: a missing or unknown ``encoding``, data
+    that is not base64 or not a PNG, PNGs of several sizes, no images at all, or an array whose ``shape`` does not
+    match its data.
+
+    >>> decode_images({"encoding": "png", "data": []})
+    Traceback (most recent call last):
+    ...
+    ValueError: images.data is empty: send at least one base64 PNG
+    >>> decode_images({"encoding": "png", "data": ["aGVsbG8="]})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: images.data[0] is not a base64 PNG image: ...
+    """
+    if not isinstance(payload, dict):
+        raise ValueError(f"images must be an object {{\"encoding\": \"png\" | \"array\", \"data\": ...}}; "
+                         f"got {json_type_name(payload)}")
+    encoding = payload.get("encoding")
+    if encoding not in ENCODINGS:
+        raise ValueError(f"images.encoding={encoding!r}; choose one of {ENCODINGS}")
+    data = payload.get("data")
     if encoding == "array":
-        shape = [int(s) for s in payload["shape"]]
-        flat = np.frombuffer(base64.b64decode(payload["data"]), dtype="<f4")
-        if len(shape) != 4 or shape[1] != 3 or flat.size != math.prod(shape):
-            raise ValueError(f"array images: shape {shape} must be [B, 3, H, W] and match {flat.size} values")
-        return torch.from_numpy(flat.copy()).reshape(shape)
-    if encoding == "png":
-        arrays = [np.asarray(Image.open(io.BytesIO(base64.b64decode(d))).convert("RGB")) for d in payload["data"]]
-        if not arrays or len({a.shape for a in arrays}) != 1:
-            raise ValueError("png images: expected at least one image, all of one size")
-        return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255
-    raise ValueError(f"images.encoding={encoding!r}; choose one of {ENCODINGS}")
+        shape = payload.get("shape")
+        if not (isinstance(shape, list) and len(shape) == 4 and all(type(s) is int and s > 0 for s in shape)
+                and shape[1] == 3):
+            raise ValueError(f"images.shape={shape!r} must be [B, 3, H, W] with B, H, W >= 1 (array encoding)")
+        if not isinstance(data, str):
+            raise ValueError(f"images.data must be a base64 string of float32 values (array encoding); "
+                             f"got {json_type_name(data)}")
+        flat = np.frombuffer(_b64decode(data, "images.data"), dtype="<u1")
+        if flat.size != 4 * math.prod(shape):
+            raise ValueError(f"images.data holds {flat.size} bytes but images.shape={shape} needs "
+                             f"{4 * math.prod(shape)} (float32 little-endian)")
+        return torch.from_numpy(flat.view("<f4").astype(np.float32)).reshape(shape)
+    if not isinstance(data, list):
+        raise ValueError(f"images.data must be a list of base64 PNG strings; got {json_type_name(data)}")
+    if not data:
+        raise ValueError("images.data is empty: send at least one base64 PNG")
+    arrays = []
+    for i, item in enumerate(data):
+        if not isinstance(item, str):
+            raise ValueError(f"images.data[{i}] must be a base64 PNG string; got {json_type_name(item)}")
+        raw = _b64decode(item, f"images.data[{i}]")
+        try:
+            with Image.open(io.BytesIO(raw)) as image:
+                arrays.append(np.asarray(image.convert("RGB")))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:  # not an image, truncated
+            reason = "not an image file" if isinstance(err, UnidentifiedImageError) else str(err)
+            raise ValueError(f"images.data[{i}] is not a base64 PNG image: {reason}") from err
+    sizes = sorted({a.shape[:2] for a in arrays})
+    if len(sizes) != 1:
+        raise ValueError(f"images.data holds PNGs of several sizes {sizes}; send one size per request")
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255
+
+
+def _b64decode(text: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise ValueError(f"{field} is not valid base64: {err}") from err
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON name of a decoded value's type, for error messages."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def decode_score_request(body: Any) -> dict[str, Any]:
+    """A ``POST /score`` body checked and decoded: ``{"images", "prompts", "names", "metadata"}``.
+
+    ``names`` is None where the request does not choose rewards. Raises ``ValueError`` naming the field and the fix
+    when the body is malformed (wrong types, no images, images that do not decode, prompts that do not match).
+
+    >>> decode_score_request({"images": encode_images(torch.rand(2, 3, 4, 4)), "prompts": "a cat"})
+    Traceback (most recent call last):
+    ...
+    ValueError: prompts must be a list of strings, one per image (2); got a string (wrap a single prompt in a list)
+    >>> x = encode_images(torch.rand(1, 3, 4, 4))
+    >>> decode_score_request({"images": x, "prompts": ["p"], "rewards": "jpeg"})
+    Traceback (most recent call last):
+    ...
+    ValueError: rewards must be a list of reward names, e.g. ["jpeg"]; got a string
+    """
+    if not isinstance(body, dict):
+        raise ValueError(f"the body must be a JSON object {{\"images\": ..., \"prompts\": [...]}}; "
+                         f"got {json_type_name(body)}")
+    missing = [k for k in ("images", "prompts") if k not in body]
+    if missing:
+        raise ValueError(f"the body lacks {missing}: send {{\"images\": ..., \"prompts\": [...]}}")
+    images = decode_images(body["images"])
+    count, prompts = images.shape[0], body["prompts"]
+    if not isinstance(prompts, list):
+        hint = " (wrap a single prompt in a list)" if isinstance(prompts, str) else ""
+        raise ValueError(f"prompts must be a list of strings, one per image ({count}); "
+                         f"got {json_type_name(prompts)}{hint}")
+    bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+    if bad:
+        raise ValueError(f"prompts[{bad[0]}] is {json_type_name(prompts[bad[0]])}; every prompt must be a string")
+    if len(prompts) != count:
+        raise ValueError(f"{count} images but {len(prompts)} prompts: send one prompt per image")
+    names = body.get("rewards")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            example = f'["{names}"]' if isinstance(names, str) else '["jpeg_compressibility"]'
+            raise ValueError(f"rewards must be a list of reward names, e.g. {example}; "
+                             f"got {json_type_name(names)}")
+        names = names or None  # [] asks for every reward, as a missing key does
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ValueError(f"metadata must be an object such as {{\"seeds\": [...]}}; "
+                         f"got {json_type_name(metadata)}")
+    return {"images": images, "prompts": prompts, "names": names, "metadata": decode_metadata(metadata, count)}
 
 
 def encode_metadata(metadata: dict[str, Any]) -> dict[str, Any]:

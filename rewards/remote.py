@@ -1,7 +1,10 @@
 """``RemoteReward``: a reward callback that scores over HTTP on a reward server (``python -m flowrl.rewards.serve``).
 
-Requests time out after ``timeout`` seconds and are retried ``retries`` times, waiting ``backoff * 2**i`` seconds
-before retry ``i``; after the last one the error names the URL. With ``overlap`` (the default), ``submit`` sends a
+Requests time out after ``timeout`` seconds. Failures that may pass (a timeout, a refused or dropped connection,
+HTTP 429, 502, 503 or 504) are retried ``retries`` times, waiting ``backoff * 2**i`` seconds before retry ``i``; after
+the last one the error names the URL. Any other answer (400 for a malformed request or one the reward cannot score,
+404, 500 for a fault of the server or its reward...) fails at once with the server's status and message: sending the
+same request again would get the same answer. With ``overlap`` (the default), ``submit`` sends a
 sampling chunk's images from a background thread and returns at once, so the loop samples the next chunk while
 this one is scored (set the method's ``sample_chunk_size`` to get several chunks per rollout). Only the standard
 library is used on the client side.
@@ -9,6 +12,7 @@ library is used on the client side.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -33,6 +37,44 @@ def backoff_delays(retries: int, backoff: float) -> list[float]:
     return [backoff * 2 ** i for i in range(retries)]
 
 
+RETRY_STATUSES = (429, 502, 503, 504)  # too many requests, bad gateway, unavailable, gateway timeout
+
+
+def retryable(error: BaseException) -> bool:
+    """Whether a failed request may succeed if sent again: timeouts, refused or dropped connections, and the HTTP
+    statuses of an overloaded or restarting server (:data:`RETRY_STATUSES`); not other HTTP errors (400, 404, 500...)
+    nor anything else.
+
+    >>> import urllib.error
+    >>> retryable(urllib.error.HTTPError("http://h/score", 503, "Service Unavailable", {}, None))
+    True
+    >>> retryable(urllib.error.HTTPError("http://h/score", 500, "Internal Server Error", {}, None))
+    False
+    >>> retryable(urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")))
+    True
+    >>> retryable(TimeoutError("timed out")), retryable(ValueError("not JSON"))
+    (True, False)
+    """
+    if isinstance(error, urllib.error.HTTPError):  # an answer, so before URLError (its base class)
+        return error.code in RETRY_STATUSES
+    # OSError: URLError (refused, unreachable, DNS), TimeoutError, ConnectionError (reset); http.client: the
+    # connection dropped mid-answer (RemoteDisconnected, IncompleteRead)
+    return isinstance(error, (OSError, http.client.HTTPException))
+
+
+def _server_message(error: urllib.error.HTTPError) -> str:
+    """The ``detail`` of a JSON error answer (FastAPI's form), else the body's start."""
+    try:
+        text = error.read().decode(errors="replace")
+    except OSError:
+        return error.reason or ""
+    try:
+        detail = json.loads(text).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail) if detail is not None else text[:500]
+
+
 class RemoteRewardError(RuntimeError):
     """The reward server could not score a request (after every retry, or a request it rejected)."""
 
@@ -43,8 +85,9 @@ class RemoteReward(RewardCallback):
     Args:
         url: the server, e.g. ``http://127.0.0.1:8000`` (requests go to ``<url>/score``).
         reward: which of the server's rewards to use; None: the server must serve exactly one.
-        timeout: seconds per request. retries: further attempts after a failed one (timeouts, refused
-            connections, 5xx). backoff: seconds before the first retry, doubling each time.
+        timeout: seconds per request. retries: further attempts after a failure that may pass (timeouts, refused
+            or dropped connections, HTTP 429/502/503/504; see :func:`retryable`). backoff: seconds before the first
+            retry, doubling each time.
         overlap: score submitted chunks in a background thread (``max_workers`` requests in flight).
         encoding: ``png`` (8-bit, small) or ``array`` (exact float32).
         weight, name, batch_size: as every reward (``name`` defaults to ``reward``, else ``remote``).
@@ -107,7 +150,7 @@ class RemoteReward(RewardCallback):
         return scores[key]
 
     def _request(self, method: str, path: str, body: Optional[dict]) -> Any:
-        """The decoded JSON answer (or text), retrying timeouts, connection errors and 5xx answers."""
+        """The decoded JSON answer (or text), retrying the failures that :func:`retryable` accepts."""
         url, data = self.url + path, None if body is None else json.dumps(body).encode()
         delays, last = backoff_delays(self.retries, self.backoff), None
         for attempt in range(self.retries + 1):
@@ -117,14 +160,18 @@ class RemoteReward(RewardCallback):
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     text = response.read().decode()
                 return json.loads(text) if text[:1] in "{[" else text
-            except urllib.error.HTTPError as err:
-                if err.code < 500:  # the request itself is wrong: retrying cannot help
-                    raise RemoteRewardError(f"reward server {url} rejected the request ({err.code}): "
-                                            f"{err.read().decode(errors='replace')[:500]}") from err
-                last = err
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
-                last = err
+            except Exception as err:  # noqa: BLE001 - sorted by `retryable`; the rest is re-raised below
+                if not retryable(err):
+                    if isinstance(err, urllib.error.HTTPError):
+                        verb = "rejected the request" if err.code < 500 else "failed on the request"
+                        raise RemoteRewardError(f"reward server {url} {verb} ({err.code}): "
+                                                f"{_server_message(err)}") from err
+                    raise
+                if isinstance(err, urllib.error.HTTPError):
+                    last = f"HTTP {err.code} {err.reason}: {_server_message(err)}"
+                else:
+                    last = repr(err)
             if attempt < self.retries:
                 time.sleep(delays[attempt])
         raise RemoteRewardError(f"reward server {url} did not answer after {self.retries + 1} attempts "
-                                f"(timeout {self.timeout}s each, backoff {self.backoff}s doubling): {last!r}")
+                                f"(timeout {self.timeout}s each, backoff {self.backoff}s doubling): {last}")

@@ -1,14 +1,16 @@
-"""FunctionReward: callables by dotted path, option pass-through, clear errors, and a 2-step ``fit`` with a function
-reward and JPEG compressibility whose logged per-reward means and weighted total agree."""
+"""FunctionReward: callables by dotted path, option pass-through, clear errors (also for results that are not
+numbers, from any reward), and a 2-step ``fit`` with a function reward and JPEG compressibility whose logged
+per-reward means and weighted total agree."""
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from flowrl.cli import main
-from flowrl.rewards import FunctionReward
+from flowrl.rewards import FunctionReward, RewardCallback
 
 HERE = Path(__file__).resolve().parent
 FIT_TINY = str(HERE.parent / "cli" / "fit_tiny.yaml")
@@ -57,3 +59,40 @@ def test_fit_logs_each_reward_and_the_weighted_total(tiny_model_dir, tmp_path):
         assert jpeg < 0  # compressibility is minus the JPEG size in kB
         # weights 0.25 and 2.0 from the YAML; the mean of the weighted sum is the weighted sum of the means
         assert total == pytest.approx(0.25 * bright + 2.0 * jpeg, rel=1e-5)
+
+
+def returns_option(images, prompts, metadata, value=None):
+    """Returns ``value`` whatever it is scoring (named by dotted path below)."""
+    return value
+
+
+@pytest.mark.parametrize("value, described", [
+    ("high", "returned a str ('high')"),
+    (["high", "low", "mid"], "returned a list of str (['high', 'low', 'mid'])"),
+    ([0.5, None, 1.0], "returned a list of NoneType and float ([0.5, None, 1.0])"),
+    ({"score": 1.0}, "returned a dict ({'score': 1.0})"),
+    (None, "returned a NoneType (None)"),
+    (torch.zeros(3, dtype=torch.complex64), "returned a torch.complex64 tensor"),
+    (torch.zeros(3, 1), "returned shape (3, 1) for 3 images"),
+], ids=["string", "strings", "none-in-list", "dict", "none", "complex", "column"])
+def test_results_that_are_not_scores_fail_naming_the_reward_and_what_it_returned(value, described):
+    reward = FunctionReward(f"{__name__}.returns_option", name="words", options={"value": value})
+    expected = (rf"FunctionReward 'words': {__name__}.returns_option {re.escape(described)}; it must return a tensor, "
+                r"a NumPy array or a list of 3 floats \(finite, or NaN")
+    with pytest.raises(ValueError, match=expected) as err:
+        reward.score(torch.rand(3, 3, 2, 2), ["a", "b", "c"])
+    assert type(err.value).__name__ == "RewardOutputError"  # a ValueError the reward server answers with 500
+
+
+def test_any_reward_whose_score_is_not_numbers_is_named():
+    class Judge(RewardCallback):
+        default_name = "judge"
+
+        def _score(self, images, prompts, metadata):
+            return ["good" for _ in prompts]
+
+    with pytest.raises(ValueError, match=r"reward 'judge' \(Judge\) returned a list of str \(\['good', 'good'\]\); "
+                                         r"it must return a tensor, a NumPy array or a list of 2 floats"):
+        Judge().score(torch.rand(2, 3, 2, 2), ["a", "b"])
+    nan = FunctionReward(f"{__name__}.returns_option", options={"value": [float("nan"), 1]})
+    assert torch.equal(nan.score(torch.rand(2, 3, 2, 2), ["a", "b"]).isnan(), torch.tensor([True, False]))

@@ -1,17 +1,23 @@
 """The reward server as a real process on 127.0.0.1 and the ``RemoteReward`` client: correct scores for concurrent
 clients, batching of requests that arrive together, timeouts and retries on a slow reward, a clear error naming
-the URL when the server is gone, and a real ``python -m flowrl fit`` scoring through the server."""
+the URL when the server is gone, and a real ``python -m flowrl fit`` scoring through the server. Faults: a request
+a reward rejects fails alone (400) while the requests batched with it are scored; malformed requests get 400 naming
+the field; a reward's own failure is a 500 that the client quotes without retrying."""
 
+import base64
 import json
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from flowrl.cli import main
-from flowrl.rewards import JpegIncompressibility, RemoteReward
+import flowrl.rewards.remote as remote_module
+from flowrl.rewards import DigitAlignment, JpegIncompressibility, RemoteReward
 from flowrl.rewards.protocol import decode_scores, encode_images
 from flowrl.rewards.remote import RemoteRewardError
 from tests.cli.test_fit import fit_args, load_steps
@@ -26,6 +32,13 @@ rewards:
     init_args: {name: mean}
   - class_path: tests.rewards.served.MeanPixel
     init_args: {name: slow, delay: 1.0}
+  - class_path: flowrl.rewards.DigitAlignment
+  - class_path: tests.rewards.served.MeanPixel
+    init_args: {name: sized, size: 16}
+  - class_path: tests.rewards.served.MeanPixel
+    init_args: {name: broken, crash_on: crash}
+  - class_path: flowrl.rewards.FunctionReward
+    init_args: {function: tests.rewards.served.mean_or_words, name: words}
 max_batch_size: 8
 batch_timeout: 0.5
 """
@@ -48,6 +61,16 @@ def post(url, body):
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
+
+
+def post_raw(url, data: bytes):
+    """``(status, decoded JSON body)`` of ``POST /score`` with ``data``, errors included."""
+    request = urllib.request.Request(url + "/score", data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
 
 
 def test_concurrent_clients_get_their_own_scores_in_one_batch(server):
@@ -82,7 +105,7 @@ def test_remote_reward_matches_local_scores_in_both_encodings(server):
 
 def test_server_rejects_bad_requests_without_retrying(server):
     with pytest.raises(RemoteRewardError, match=r"jpeg_incompressibility.*mean.*slow|set `reward:`"):
-        RemoteReward(server, retries=0).score(images(1, 0), ["p"])  # three rewards served, none chosen
+        RemoteReward(server, retries=0).score(images(1, 0), ["red 3 and blue 7"])  # several served, none chosen
     with pytest.raises(RemoteRewardError, match=r"rejected the request \(400\).*unknown reward"):
         RemoteReward(server, reward="pickscore", retries=5, backoff=30).score(images(1, 0), ["p"])
 
@@ -123,3 +146,96 @@ def test_fit_scores_through_the_server_with_overlap(server, tiny_model_dir, tmp_
         assert torch.equal(a[key]["advantages"], b[key]["advantages"])
     wa, wb = torch.load(Path(tmp_path, "remote/dump/weights.pt")), torch.load(Path(tmp_path, "local/dump/weights.pt"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+DIGIT_PROMPTS = ["red 3 and blue 7", "green 0 and red 9", "blue 5 and blue 5", "red 1 and green 2"]
+
+
+def test_a_request_the_reward_rejects_fails_alone_and_its_batch_is_scored(server):
+    """Eight requests at once (one batch: max_batch_size 8, batch_timeout 0.5 s); one holds a prompt DigitAlignment
+    cannot parse. It gets 400 naming the reward and its message; the seven others get their scores. Three rounds,
+    since which requests share a batch depends on timing."""
+    digit = DigitAlignment().load("cpu")
+    shared = []
+    for round_ in range(3):
+        start, answers = threading.Barrier(8), {}
+
+        def client(i):
+            x = images(2, seed=100 * round_ + i)
+            prompts = ["red 1 and blue 2", "a cat"] if i == 7 else [DIGIT_PROMPTS[(i + k) % 4] for k in range(2)]
+            body = {"images": encode_images(x, "array"), "prompts": prompts, "rewards": ["digit_alignment"]}
+            start.wait()  # the eight requests arrive together, within the server's batch_timeout
+            answers[i] = (x, prompts, post_raw(server, json.dumps(body).encode()))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        for x, prompts, (status, body) in (answers[i] for i in range(7)):
+            assert status == 200, body
+            expected = digit.score(x, prompts)
+            torch.testing.assert_close(decode_scores(body["scores"])["digit_alignment"], expected, atol=1e-5, rtol=0)
+        status, body = answers[7][2]
+        assert status == 400, body
+        assert "reward 'digit_alignment' cannot score this request" in body["detail"]
+        assert "cannot parse prompt 'a cat'" in body["detail"]
+        shared.append(answers[7][2][1]["batch_requests"])
+    assert max(shared) > 1  # the rejected request shared a batch with valid ones in at least one round
+
+
+def _png(size):
+    return encode_images(torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(size)))
+
+
+def _body(**changes):
+    body = {"images": _png(16), "prompts": ["red 3 and blue 7"], "rewards": ["mean"]}
+    return json.dumps({**body, **changes}).encode()
+
+
+_NOT_PNG = {"encoding": "png", "data": [base64.b64encode(b"hello, not an image").decode()]}
+_DIGIT_32 = _body(images=_png(32), rewards=["digit_alignment"])
+
+
+@pytest.mark.parametrize("data, message", [
+    (b'{"images": {"encoding": "png", "data": [', "the body is not valid JSON"),
+    (b'["red 3 and blue 7"]', "the body must be a JSON object"),
+    (_body(images=_NOT_PNG), "images.data[0] is not a base64 PNG image"),
+    (_body(images={"encoding": "png", "data": ["%% not base64 %%"]}), "images.data[0] is not valid base64"),
+    (_body(images={"encoding": "png", "data": []}, prompts=[]), "images.data is empty: send at least one"),
+    (_body(images={"encoding": "array", "shape": [0, 3, 16, 16], "data": ""}, prompts=[]),
+     "images.shape=[0, 3, 16, 16] must be [B, 3, H, W] with B, H, W >= 1"),
+    (_body(images={"encoding": "jpeg", "data": []}), "images.encoding='jpeg'; choose one of ('png', 'array')"),
+    (_body(images=_png(32), rewards=["sized"]),
+     "reward 'sized' cannot score this request: ValueError: this model takes 16x16 images; got 32x32"),
+    (_DIGIT_32, "reward 'digit_alignment' cannot score this request: ValueError: reward 'digit_alignment': the "
+                "digit classifier reads 16x16 canvases; got 32x32 images"),
+    (_body(metadata=[1, 2]), "metadata must be an object"),
+    (_body(rewards="mean"), 'rewards must be a list of reward names, e.g. ["mean"]; got a string'),
+    (_body(prompts="red 3 and blue 7"), "prompts must be a list of strings, one per image (1); got a string"),
+    (_body(prompts=["a", "b"]), "1 images but 2 prompts"),
+    (_body(prompts=[3]), "prompts[0] is a number; every prompt must be a string"),
+    (b'{"prompts": ["red 3 and blue 7"]}', "the body lacks ['images']"),
+], ids=["not-json", "not-an-object", "not-a-png", "not-base64", "no-png", "no-array-image", "unknown-encoding",
+        "size-the-reward-rejects", "size-digit-alignment-rejects", "metadata-not-object", "rewards-a-string",
+        "prompts-a-string", "prompt-count", "prompt-not-string", "no-images"])
+def test_malformed_requests_get_400_naming_the_problem(server, data, message):
+    status, body = post_raw(server, data)
+    assert (status, message in body.get("detail", "")) == (400, True), body
+
+
+def test_a_reward_failing_on_its_own_is_a_500_the_client_quotes_without_retrying(server, monkeypatch):
+    """A reward that raises RuntimeError, or returns words instead of scores, is the server's fault: 500 with the
+    reward's name and message, which RemoteReward reports at once (no retry, no backoff sleep)."""
+    attempts, sleeps, urlopen = [], [], urllib.request.urlopen
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: attempts.append(1) or urlopen(*a, **k))
+    monkeypatch.setattr(remote_module, "time", SimpleNamespace(sleep=sleeps.append))
+    broken = RemoteReward(server, reward="broken", retries=5, backoff=30, overlap=False)
+    with pytest.raises(RemoteRewardError, match=r"failed on the request \(500\): reward "
+                                                r"'broken' failed: RuntimeError: the scorer crashed \(CUDA error"):
+        broken.score(images(1, 4), ["crash"])
+    words = RemoteReward(server, reward="words", retries=5, backoff=30, overlap=False)
+    with pytest.raises(RemoteRewardError, match=r"\(500\): reward 'words' failed: "
+                                                r"RewardOutputError: .*returned a list of str \(\['high'\]\)"):
+        words.score(images(1, 4), ["words"])
+    assert (len(attempts), sleeps) == (2, [])  # one request each, never retried
+    x = images(2, 5)  # the same rewards score other prompts: the server itself is fine
+    assert torch.allclose(broken.score(x, ["p", "q"]), ((x * 255).round() / 255).mean(dim=(1, 2, 3)), atol=1e-6)

@@ -1,0 +1,67 @@
+"""SIGTERM or SIGINT to the reward server's main process (only to it, not to its process group) shuts everything
+down: the main process exits with 128 + the signal number, no process of its group remains (no orphaned worker or
+queue manager holding the port), and the port can be bound again."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.rewards.server_process import reward_server
+
+pytest.importorskip("litserve", reason="the reward server needs the `serve` extra")
+
+HANG_GUARD = 90  # seconds; only so that a regression fails instead of hanging the suite
+
+
+def group_members(pgid: int) -> list[str]:
+    """``pid state command`` of every process in the group, from /proc (for failure messages)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+            if entry.name.isdigit() and int(fields[2]) == pgid:
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                members.append(f"{entry.name} {fields[0]} {command[:120]}")
+        except (OSError, ValueError, IndexError):
+            continue
+    return members
+
+
+def group_is_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_every_server_process_and_frees_the_port(sig, tmp_path):
+    (tmp_path / "reward.yaml").write_text("rewards:\n  - class_path: tests.rewards.served.MeanPixel\n")
+    with reward_server(str(tmp_path / "reward.yaml"), tmp_path) as (url, proc):
+        port, pgid = int(url.rsplit(":", 1)[1]), os.getpgid(proc.pid)
+        try:
+            assert len(group_members(pgid)) > 1  # the main process and its workers / manager / API server
+            os.kill(proc.pid, sig)  # the main process only, as `kill <pid>` or a process manager does
+            try:
+                status = proc.wait(timeout=HANG_GUARD)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the server did not exit on {sig.name}; its group: {group_members(pgid)}")
+            deadline = time.monotonic() + HANG_GUARD
+            while not group_is_gone(pgid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert group_is_gone(pgid), f"processes left after {sig.name}: {group_members(pgid)}"
+            with socket.socket() as s:  # nothing listens on the port any more (SO_REUSEADDR: as a restarted server)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", port))
+                s.listen()
+            assert status == 128 + sig  # documented in flowrl.rewards.serve: 143 for SIGTERM, 130 for SIGINT
+        finally:  # a failure must not leave the group behind (reward_server only kills it while the main lives)
+            if not group_is_gone(pgid):
+                os.killpg(pgid, signal.SIGKILL)
