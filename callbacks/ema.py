@@ -33,12 +33,13 @@ def ema_decay(decay: float, n: int, warmup: bool) -> float:
     return min(decay, (1 + n) / (10 + n)) if warmup else decay
 
 
-def trainable_parameters(pl_module: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """``(name, parameter)`` of what the optimizer trains: ``pl_module.policy.trainable_parameters()`` when the
-    module has a policy, else every parameter with ``requires_grad``; names as in ``pl_module.state_dict()``."""
+def trainable_parameters(pl_module: nn.Module, adapter: Optional[str] = None) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` of what the optimizer trains: ``pl_module.policy.trainable_parameters(adapter)`` when
+    the module has a policy (``adapter``: only that LoRA adapter's), else every parameter with ``requires_grad``;
+    names as in ``pl_module.state_dict()``."""
     policy = getattr(pl_module, "policy", None)
     if callable(getattr(policy, "trainable_parameters", None)):
-        params = policy.trainable_parameters()
+        params = policy.trainable_parameters(adapter) if adapter is not None else policy.trainable_parameters()
     else:
         params = [p for p in pl_module.parameters() if p.requires_grad]
     names = {id(p): name for name, p in pl_module.named_parameters()}
@@ -61,13 +62,15 @@ class EMA(Callback):
         warmup: use ``min(decay, (1 + n) / (10 + n))`` as flow_grpo does, so early updates follow the weights.
         apply_at_end: copy the average into the weights when training ends (as Lightning's ``WeightAveraging``), so
             what runs after ``fit`` (``RunSummary``'s evaluation, exports, checkpoints saved later) uses it.
+        adapter: average only this LoRA adapter of the policy (a method training several, e.g. TDM-R1's generator);
+            None: every trained parameter.
 
     Raises:
         ValueError: an option out of range, naming the option and a valid value.
     """
 
     def __init__(self, decay: float = 0.9, every_n_steps: int = 1, start_step: int = 0, warmup: bool = True,
-                 apply_at_end: bool = True):
+                 apply_at_end: bool = True, adapter: Optional[str] = None):
         problems = []
         if not 0.0 < decay < 1.0:
             problems.append(f"decay={decay} must lie in (0, 1): the weight kept from the average at each update "
@@ -79,7 +82,7 @@ class EMA(Callback):
         if problems:
             raise ValueError("EMA: " + "; ".join(problems))
         self.decay, self.every_n_steps, self.start_step = decay, every_n_steps, start_step
-        self.warmup, self.apply_at_end = warmup, apply_at_end
+        self.warmup, self.apply_at_end, self.adapter = warmup, apply_at_end, adapter
         self.shadow: Optional[dict[str, Tensor]] = None  # name -> float32 average, on the parameter's device
         self.num_updates = 0
         self._last_step = 0  # optimizer steps at the last update or copy
@@ -89,12 +92,13 @@ class EMA(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(decay=self.decay, every_n_steps=self.every_n_steps)
+        by_adapter = {"adapter": self.adapter} if self.adapter is not None else {}  # two averages can coexist
+        return self._generate_state_key(decay=self.decay, every_n_steps=self.every_n_steps, **by_adapter)
 
     def on_train_start(self, trainer, pl_module) -> None:
         # here, not in setup or on_fit_start: the module is on its device and a checkpoint's weights and step count
         # are restored (the step count after on_fit_start)
-        self._params = trainable_parameters(pl_module)
+        self._params = trainable_parameters(pl_module, self.adapter)
         if not self._params:
             raise ValueError("EMA: the module has no trainable parameters to average; remove the EMA callback")
         self.shadow = {name: p.detach().to(torch.float32, copy=True) for name, p in self._params}

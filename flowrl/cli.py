@@ -28,8 +28,7 @@ from flowrl.callbacks.progress import RunProgressBar
 from flowrl.data import GroupLayout, PromptDataModule
 from flowrl.hub import model_problems
 from flowrl.log_versions import launched_as_rank_zero, share_log_versions
-from flowrl.methods.grpo_loop import GRPOLoop
-from flowrl.methods.options import option_problems
+from flowrl.methods.base import BaseModule
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,  # the group sampler already splits batches over ranks
@@ -60,8 +59,8 @@ def config_problems(config: Any) -> list[str]:
                         "`- class_path: flowrl.rewards.DigitAlignment`")
     model = _as_dict(config.get("model"))
     # a method with options of its own checks them (and the loop's) with its class attribute `option_problems`
-    method = _class(model["class_path"]) if model.get("class_path") else GRPOLoop
-    problems += getattr(method, "option_problems", option_problems)(**_as_dict(model.get("init_args")))
+    method = _class(model["class_path"]) if model.get("class_path") else BaseModule
+    problems += getattr(method, "option_problems", BaseModule.option_problems)(**_as_dict(model.get("init_args")))
     init_args = _as_dict(model.get("init_args"))
     policy = _as_dict(init_args.get("policy"))
     if isinstance(_as_dict(policy.get("init_args")).get("model"), str):
@@ -71,7 +70,7 @@ def config_problems(config: Any) -> list[str]:
     data = _as_dict(config.get("data"))
     layout = GroupLayout(1, data.get("num_groups", 4), data.get("group_size", 8), world or 1,
                          data.get("spread_groups", True))
-    problems += layout.problems() + schedule_problems(init_args, trainer, layout.local_batch_size)
+    problems += layout.problems(getattr(method, "min_group_size", 2)) + schedule_problems(init_args, trainer, layout.local_batch_size)
     if trainer.get("use_distributed_sampler"):
         problems.append("trainer.use_distributed_sampler=true would re-split the GRPO groups; set it to false")
     for key in ("prompts", "val_prompts"):
@@ -217,7 +216,7 @@ def main(args: Optional[list[str]] = None) -> None:
     if from_argv:  # LightningCLI reads sys.argv itself, and warns when given args beside a command line
         sys.argv[1:], args = args, None
     try:
-        FlowRLCLI(GRPOLoop, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
+        FlowRLCLI(BaseModule, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
                   parser_kwargs={"parser_mode": "omegaconf+"}, save_config_kwargs={"overwrite": True},
                   args=args)
     except SIGTERMException as stop:  # Lightning stops (and checkpoints, if configured) and exits 0: a scheduler

@@ -51,10 +51,13 @@ class GroupLayout:
     spread: bool = True
     seed: int = 0
 
-    def problems(self) -> list[str]:
+    def problems(self, min_group_size: int = 2) -> list[str]:
+        """Problems with the geometry; ``min_group_size`` is the method's (1 where a method grows one tree per
+        prompt, whose leaves form the group)."""
         out = []
-        if self.group_size < 2:
-            out.append(f"data.group_size={self.group_size}: group advantages need at least 2 samples per prompt")
+        if self.group_size < min_group_size:
+            out.append(f"data.group_size={self.group_size}: group advantages need at least {min_group_size} samples "
+                       "per prompt")
         if self.num_groups < 1:
             out.append(f"data.num_groups={self.num_groups}: need at least one prompt per batch")
         total = self.num_groups * self.group_size
@@ -197,7 +200,7 @@ class PromptDataModule(LightningDataModule):
         self.prompt_source, self.val_source = prompts, val_prompts
         self.group_size, self.num_groups, self.spread_groups = group_size, num_groups, spread_groups
         self.val_batch_size, self.val_samples_per_prompt, self.seed = val_batch_size, val_samples_per_prompt, seed
-        problems = GroupLayout(1, num_groups, group_size, 1, spread_groups, seed).problems()
+        problems = GroupLayout(1, num_groups, group_size, 1, spread_groups, seed).problems(min_group_size=1)
         if val_samples_per_prompt < 1:
             problems.append(f"data.val_samples_per_prompt={val_samples_per_prompt}: need at least 1")
         if problems:
@@ -209,7 +212,8 @@ class PromptDataModule(LightningDataModule):
         world = self.trainer.world_size if self.trainer else 1
         self.layout = GroupLayout(len(self.prompts), self.num_groups, self.group_size, world,
                                   self.spread_groups, self.seed)
-        if problems := self.layout.problems():
+        method = self.trainer.lightning_module if self.trainer else None
+        if problems := self.layout.problems(getattr(method, "min_group_size", 2)):  # the method's group floor
             raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
 
     def train_dataloader(self) -> GroupBatchLoader:

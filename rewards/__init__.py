@@ -1,17 +1,30 @@
-"""Reward models as Lightning callbacks (installed as ``flowrl.rewards``)."""
+"""Reward models as Lightning callbacks (installed as ``flowrl.rewards``).
 
-from flowrl.rewards.aesthetic import Aesthetic, AestheticHead
+Each reward loads its own dependencies only when it is used: ``import flowrl.rewards`` and importing one reward
+(``from flowrl.rewards import JpegCompressibility``) do not import transformers, diffusers or the policies.
+"""
+
+from importlib import import_module
+
 from flowrl.rewards.base import ModelReward, RewardCallback, reward_callbacks
-from flowrl.rewards.clip_score import CLIPScore
-from flowrl.rewards.digit_alignment import DigitAlignment
-from flowrl.rewards.function import FunctionReward
-from flowrl.rewards.hps import HPSv2
-from flowrl.rewards.image_reward import ImageReward
-from flowrl.rewards.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
-from flowrl.rewards.ocr import OcrReward
-from flowrl.rewards.pickscore import PickScore
-from flowrl.rewards.remote import RemoteReward
-from flowrl.rewards.vlm_judge import VlmJudge
+from flowrl.rewards.reward_set import RewardSet
 
-__all__ = ["Aesthetic", "AestheticHead", "CLIPScore", "DigitAlignment", "FunctionReward", "HPSv2", "ImageReward", "JpegCompressibility", "JpegIncompressibility", "ModelReward", "OcrReward", "PickScore", "RemoteReward", "RewardCallback", "VlmJudge", "jpeg_size_kb",
-           "reward_callbacks"]
+#: public name -> the module that defines it (imported on first use, PEP 562)
+_LAZY = {
+    "Aesthetic": "aesthetic", "AestheticHead": "aesthetic", "CLIPScore": "clip_score",
+    "DigitAlignment": "digit_alignment", "FunctionReward": "function", "HPSv2": "hps", "ImageReward": "image_reward",
+    "JpegCompressibility": "jpeg", "JpegIncompressibility": "jpeg", "jpeg_size_kb": "jpeg", "OcrReward": "ocr",
+    "PickScore": "pickscore", "RemoteReward": "remote", "VlmJudge": "vlm_judge",
+}
+
+__all__ = sorted([*_LAZY, "ModelReward", "RewardCallback", "RewardSet", "reward_callbacks"])
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f"flowrl.rewards.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'flowrl.rewards' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

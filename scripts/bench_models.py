@@ -11,7 +11,7 @@ pipelines built as the tests build them, saved to a temporary folder and loaded 
   bare loop of the denoiser calls: the CFG batch with an Euler update (tiny, SD3), the transformer on packed latents
   with embedded guidance and no CFG batch (FLUX, as ``FluxPipeline``), the UNet's CFG epsilon with the DDIM update
   (SD1.5);
-- training: ``FlowGRPO.pair_loss`` forward+backward over every trained (sample, step) pair in micro-batches against
+- training: ``PPOUpdate.pair_loss`` forward+backward over every trained (sample, step) pair in micro-batches against
   a bare forward+backward of the same micro-batches (mean-square loss on the guided output);
 - memory: bytes of the ``Rollout`` tensors (each storage counted once, at its full size) against the ``B x (T+1) x
   latent numel x 4`` bytes of float32 latents the buffer must hold (target <= 1.2x).
@@ -206,7 +206,7 @@ def measure(name: str, root: Path, batch: int, steps: int, micro_batch: int, rep
 
     def flowrl_train():
         for chunk in pairs.split(micro_batch):
-            loss, _ = method.pair_loss(rollout, cond, advantages, weights, chunk)
+            loss, _ = method.ppo.pair_loss(method, rollout, cond, advantages, weights, chunk)
             loss.backward()
         for p in params:
             p.grad = None

@@ -18,7 +18,8 @@ import torch
 
 from flowrl.methods.flow_grpo import FlowGRPO
 from flowrl.policies import TinyFlowPolicy
-from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
+from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.sampler import sample, sde_steps, trained_steps
 
 
 def timed(fns, repeats: int) -> list[float]:
@@ -84,7 +85,7 @@ def main() -> None:
 
     def flowrl_train():
         for chunk in pairs.split(args.micro_batch):
-            loss, _ = method.pair_loss(rollout, cond, advantages, weights, chunk)
+            loss, _ = method.ppo.pair_loss(method, rollout, cond, advantages, weights, chunk)
             loss.backward()
         for p in params:
             p.grad = None

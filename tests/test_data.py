@@ -51,9 +51,10 @@ def test_epoch_covers_every_prompt():
 
 def test_layout_problems_are_named():
     assert "group_size=1" in GroupLayout(4, 2, 1).problems()[0]
+    assert GroupLayout(4, 2, 1).problems(min_group_size=1) == []  # a method growing one tree per prompt
     assert "not divisible by the 2 ranks" in GroupLayout(4, 3, 3, world_size=2).problems()[0]
-    with pytest.raises(ValueError, match="group_size=1"):
-        PromptDataModule(prompts=["a"], group_size=1)
+    with pytest.raises(ValueError, match="group_size=0"):
+        PromptDataModule(prompts=["a"], group_size=0)
 
 
 def test_eval_samples_per_prompt_on_two_ranks_cover_each_prompt_k_times_with_distinct_seeds():

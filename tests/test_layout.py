@@ -41,3 +41,18 @@ def test_only_policies_import_diffusers():
 def test_no_file_is_a_grab_bag():
     names = {p.stem for p in files("flowrl", "rewards", "callbacks")}
     assert not names & {"utils", "common", "misc", "helpers"}
+
+
+def test_rewards_estimators_and_losses_import_without_diffusers_or_the_policies():
+    # a fresh interpreter: this one has imported everything already
+    import subprocess
+    import sys
+
+    code = ("import sys, flowrl.rewards, flowrl.advantages, flowrl.losses\n"
+            "from flowrl.rewards import JpegCompressibility, FunctionReward, RewardSet\n"
+            "import flowrl.rewards.jpeg, flowrl.rewards.digit_alignment\n"
+            "print(sorted(m for m in ('diffusers', 'flowrl.policies', 'flowrl.methods') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

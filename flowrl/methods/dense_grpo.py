@@ -19,16 +19,12 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from flowrl.methods.grpo_loop import GRPOLoop
-from flowrl.methods.options import option_problems
-from flowrl.policies.base import Conditioning, FlowPolicy
-from flowrl.rewards.aggregate import weighted_sum
-from flowrl.rewards.base import reward_callbacks
-from flowrl.sampling.completion_rewards import completion_rewards
+from flowrl.methods.completions import Completions
+from flowrl.methods.flow_grpo import FlowGRPO
+from flowrl.methods.options import completion_problems, fraction_problems
+from flowrl.policies.base import FlowPolicy
 from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
-from flowrl.sampling.ode_complete import complete_trajectories
 from flowrl.sampling.rollout import Rollout
-from flowrl.sampling.steps import ode_kind
 
 #: Flow-GRPO's numerics (population std, +1e-4, clip 5) per (group, step), the std of Eq. 10 being the group's.
 DEFAULT_ADVANTAGE_OPTIONS = {"eps": 1e-4, "ddof": 0, "std_scope": "group", "clip": 5.0}
@@ -38,13 +34,9 @@ _CALIBRATION_SEED_OFFSET = 1 << 40  # calibration noise never repeats a training
 def dense_option_problems(completion_steps: Optional[int] = None, completion_chunk_size: Optional[int] = None,
                           reward_chunk_size: Optional[int] = None, calibration: Any = NoiseCalibration(),
                           advantage: str = "step_grpo", advantage_options: Optional[dict] = None,
-                          reward_aggregation: str = "sum", **loop_options: Any) -> list[str]:
-    """Problems with DenseGRPO's options and the loop's, each naming the key and the fix (before weights load)."""
-    problems = []
-    for key, value in [("completion_steps", completion_steps), ("completion_chunk_size", completion_chunk_size),
-                       ("reward_chunk_size", reward_chunk_size)]:
-        if value is not None and value < 1:
-            problems.append(f"model.{key}={value} must be >= 1 (or null)")
+                          reward_aggregation: str = "sum", **flow_grpo: Any) -> list[str]:
+    """Problems with DenseGRPO's options and Flow-GRPO's, each naming the key and the fix (before weights load)."""
+    problems = completion_problems(completion_steps, completion_chunk_size, reward_chunk_size)
     if isinstance(calibration, dict):
         calibration = NoiseCalibration(**calibration)
     if calibration is not None:
@@ -54,12 +46,12 @@ def dense_option_problems(completion_steps: Optional[int] = None, completion_chu
                         "weighted rewards between completions; use reward_aggregation: sum")
     if advantage_options is None and advantage == "step_grpo":
         advantage_options = DEFAULT_ADVANTAGE_OPTIONS
-    return problems + option_problems(advantage=advantage, advantage_options=advantage_options,
-                                      reward_aggregation=reward_aggregation, **loop_options)
+    return problems + fraction_problems(advantage=advantage, advantage_options=advantage_options,
+                                        reward_aggregation=reward_aggregation, **flow_grpo)
 
 
-class DenseGRPO(GRPOLoop):
-    """DenseGRPO. Options beyond the shared loop's (:class:`~flowrl.methods.grpo_loop.GRPOLoop`):
+class DenseGRPO(FlowGRPO):
+    """DenseGRPO. Options beyond Flow-GRPO's (:class:`~flowrl.methods.flow_grpo.FlowGRPO`):
 
     Args:
         completion_steps: Euler steps of each ODE completion (capped by the remaining steps); None: the full
@@ -84,10 +76,10 @@ class DenseGRPO(GRPOLoop):
                                          advantage, advantage_options, **kwargs)
         if problems:
             raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
-        # **kwargs passed on unchanged: jsonargparse reads the loop's signature through it (--help, YAML checks)
+        # **kwargs passed on unchanged: jsonargparse reads Flow-GRPO's signature through it (--help, YAML checks)
         super().__init__(policy, advantage=advantage, advantage_options=advantage_options, **kwargs)
-        self.completion_steps, self.completion_chunk_size = completion_steps, completion_chunk_size
-        self.reward_chunk_size, self.calibration = reward_chunk_size, calibration
+        self.completions = Completions(completion_steps, completion_chunk_size, reward_chunk_size)
+        self.calibration = calibration
         factors = noise_scale_factors(policy.sigmas(self.num_steps).float(), self.step_kind)
         self.noise_factors = factors  # [T]
         self.noise_scales = self.noise_level * factors  # [T] psi(k), Flow-GRPO's s_k until calibrated
@@ -99,29 +91,15 @@ class DenseGRPO(GRPOLoop):
         """``psi(k) / factor(k)``, so that the step applies ``psi(k)``; the loop's constant until calibrated."""
         return self.noise_scales / self.noise_factors if self.calibrated else super().noise_levels()
 
-    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
-        """SDE trajectories, then the ODE completion of every state before a step, scored: ``completion_rewards
-        [B, T]``. ``nfe`` adds the completions' evaluations to the sampler's (a CFG pair is one)."""
-        rollout = super().rollout(batch, cond)
-        velocity = lambda z, s, rows: self.policy.velocity(z, s, cond.select(rows), self.guidance_scale)  # noqa: E731
-        completed = complete_trajectories(velocity, rollout.latents, rollout.sigmas[0],
-                                          completion_steps=self.completion_steps, chunk_size=self.completion_chunk_size,
-                                          step_kind=ode_kind(self.step_kind))
-        rollout.completion_rewards = completion_rewards(self.policy.decode, completed.latents, rollout.prompts,
-                                                        self.total_score, self.reward_chunk_size)
-        rollout.nfe += round(completed.nfe.sum(1).float().mean().item())  # the same for every trajectory
-        return rollout
+    def completion_starts(self) -> Tensor:
+        """Every state before a step: ``completion_rewards [B, T]``."""
+        return torch.arange(self.num_steps)
 
-    def aggregate_rewards(self, rollout: Rollout, weights: dict[str, float]) -> tuple[Tensor, Tensor]:
-        """The loop's totals; a row whose completions got a non-finite reward is invalid as well."""
-        total, valid = super().aggregate_rewards(rollout, weights)
-        return total, valid & torch.isfinite(rollout.completion_rewards).all(1)
-
-    def step_rewards(self, rollout: Rollout, total: Tensor) -> Tensor:
-        """``dR [B, T]``: ``R[:, 1:] - R[:, :-1]`` with ``R = [completion_rewards, total]``."""
-        rewards = torch.cat([rollout.completion_rewards.to(total), total[:, None]], dim=1)  # [B, T+1]
-        rollout.step_rewards = rewards.diff(dim=1).nan_to_num(0.0)  # invalid rows are masked out by the loop
-        return rollout.step_rewards
+    def step_rewards(self, batch: Rollout, total: Tensor, valid: Tensor) -> Tensor:
+        """``dR [B, T]``: ``R[:, 1:] - R[:, :-1]`` with ``R = [completion_rewards, total]`` (invalid rows: 0, and
+        masked out by the loop)."""
+        rewards = torch.cat([batch.completion_rewards.to(total), total[:, None]], dim=1)  # [B, T+1]
+        return rewards.diff(dim=1).nan_to_num(0.0)
 
     # -- exploration-space calibration ---------------------------------------------------------------------
 
@@ -151,12 +129,11 @@ class DenseGRPO(GRPOLoop):
             part = {"prompts": prompts, "group_ids": torch.zeros(local, dtype=torch.long, device=self.device),
                     "seeds": torch.arange(first, first + local)}
             rollout = self.rollout_and_score(part, cond)
-            weights = {r.name: r.weight for r in reward_callbacks(self.trainer.callbacks)}
-            total, valid = weighted_sum(rollout.rewards, weights)
+            total, valid = self.reward_set.total(rollout.rewards)
             rewards = torch.cat([rollout.completion_rewards.to(total), torch.where(valid, total, torch.nan)[:, None]],
                                 dim=1)
-            self.noise_scales = calibration_update(self.noise_scales, self._gather(rewards.diff(dim=1)).cpu(),
-                                                   options.eps1, options.eps2)
+            gains = self.gather(rewards.diff(dim=1), [local] * world)
+            self.noise_scales = calibration_update(self.noise_scales, gains.cpu(), options.eps1, options.eps2)
         rank_zero_info(f"DenseGRPO calibrated noise scales psi(k): {[round(x, 4) for x in self.noise_scales.tolist()]}")
         return self.noise_scales
 
@@ -166,7 +143,8 @@ class DenseGRPO(GRPOLoop):
         texts = getattr(getattr(self.trainer, "datamodule", None), "prompts", None)
         if texts is None or "prompt_ids" not in batch:
             return list(batch["prompts"])
-        return [texts[i] for i in self._gather(batch["prompt_ids"].to(self.device)).unique().tolist()]
+        ids = batch["prompt_ids"].to(self.device)
+        return [texts[i] for i in self.gather(ids, self.rank_sizes(len(ids))).unique().tolist()]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)

@@ -1,7 +1,9 @@
-"""The loop's option checks: pure functions of the config values, run before any weight loads.
+"""Option checks of the method layer: pure functions of the config values, run before any weight loads.
 
-The CLI calls them on the parsed config (``flowrl.cli.config_problems``) and ``GRPOLoop.__init__`` calls them again,
-so a bad value fails with a message naming the key whichever way the loop is built.
+One function per layer (the base, policy gradient, Flow-GRPO's trained-step fraction, the completions of the dense
+methods), each calling the one below. The CLI calls a method's ``option_problems`` on the parsed config
+(``flowrl.cli.config_problems``) and the method's ``__init__`` calls it again, so a bad value fails with a message
+naming the key whichever way the method is built.
 """
 
 from __future__ import annotations
@@ -38,48 +40,75 @@ def loss_problems(loss: str = "vanilla", loss_options: Optional[dict] = None, cl
     return []
 
 
-def option_problems(num_steps: int = 10, step_kind: str = "flow_grpo", timestep_fraction: float = 0.99,
-                    num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
-                    advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict] = None,
-                    reward_aggregation: str = "sum", sample_chunk_size: Optional[int] = None,
-                    policy: Any = None, noise_level: float = 0.7, beta: float = 0.0,
-                    max_nonfinite_steps: int = 3, optimizer: Any = None, **_: Any) -> list[str]:
-    """Problems with the loop's options, each naming the key and the fix (checked before any weight loads).
-
-    ``policy`` (an adapter, or its parsed ``{class_path, init_args}``) is checked against ``step_kind``: a step reads
-    the model output as a velocity (flow models) or a noise prediction (SD1.5), and the two must agree.
-    """
+def base_option_problems(num_steps: int = 10, eval_num_steps: Optional[int] = None, max_nonfinite_steps: int = 3,
+                         max_grad_norm: Optional[float] = 1.0, optimizer: Any = None, **_: Any) -> list[str]:
+    """Problems with the options every method has (:class:`~flowrl.methods.base.BaseModule`)."""
     problems = []
+    if num_steps < 1 or (eval_num_steps is not None and eval_num_steps < 1):
+        problems.append(f"model.num_steps={num_steps} and model.eval_num_steps={eval_num_steps} must be >= 1")
+    if max_nonfinite_steps < 1:
+        problems.append(f"model.max_nonfinite_steps={max_nonfinite_steps} must be >= 1")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        problems.append(f"model.max_grad_norm={max_grad_norm} must be > 0 (or null: no clipping)")
+    return problems + optimizer_problems(optimizer)
+
+
+def step_kind_problems(step_kind: str, policy: Any) -> list[str]:
+    """``step_kind`` must be an SDE step that reads the model output as the policy predicts it (a velocity for flow
+    models, a noise prediction for SD1.5); ``policy`` is an adapter or its parsed ``{class_path, init_args}``."""
     sde_kinds = sorted(set(STEPS) - set(ODE_STEPS.values()))
     if step_kind not in sde_kinds:
-        problems.append(f"model.step_kind={step_kind!r}: choose an SDE step from {sde_kinds}")
-    elif (predicts := policy_prediction(policy)) and PREDICTIONS[step_kind] != predicts:
+        return [f"model.step_kind={step_kind!r}: choose an SDE step from {sde_kinds}"]
+    if (predicts := policy_prediction(policy)) and PREDICTIONS[step_kind] != predicts:
         fitting = [k for k in sde_kinds if PREDICTIONS[k] == predicts]
-        problems.append(f"model.step_kind={step_kind!r} reads the model output as a {PREDICTIONS[step_kind]}, but "
-                        f"the policy predicts {predicts}; choose a step kind from {fitting}")
-    if num_steps < 1 or not 0 < timestep_fraction <= 1:
-        problems.append(f"model.num_steps={num_steps} must be >= 1 and model.timestep_fraction={timestep_fraction} "
-                        "in (0, 1]")
+        return [f"model.step_kind={step_kind!r} reads the model output as a {PREDICTIONS[step_kind]}, but the policy "
+                f"predicts {predicts}; choose a step kind from {fitting}"]
+    return []
+
+
+def policy_gradient_problems(step_kind: str = "flow_grpo", noise_level: float = 0.7,
+                             advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict] = None,
+                             beta: float = 0.0, num_inner_epochs: int = 1, num_minibatches: int = 1,
+                             micro_batch_size: int = 16, reward_aggregation: str = "sum",
+                             sample_chunk_size: Optional[int] = None, policy: Any = None, loss: str = "vanilla",
+                             loss_options: Optional[dict] = None, clip_range: float = 1e-4,
+                             **base: Any) -> list[str]:
+    """Problems with the options of :class:`~flowrl.methods.policy_gradient.PolicyGradient` and the base's, each
+    naming the key and the fix (checked before any weight loads)."""
+    problems = base_option_problems(**base) + step_kind_problems(step_kind, policy)
     if not noise_level > 0:  # also NaN
         problems.append(f"model.noise_level={noise_level} must be > 0: the SDE step's std is proportional to it, and "
                         "0 or less gives NaN log-probs (use the ODE for deterministic sampling; 0.7 is Flow-GRPO's)")
     if not beta >= 0:
         problems.append(f"model.beta={beta} must be >= 0 (the KL penalty's coefficient; 0 disables it)")
-    if max_nonfinite_steps < 1:
-        problems.append(f"model.max_nonfinite_steps={max_nonfinite_steps} must be >= 1")
-    problems += optimizer_problems(optimizer)
     if min(num_inner_epochs, num_minibatches, micro_batch_size) < 1:
         problems.append("model.num_inner_epochs, num_minibatches and micro_batch_size must be >= 1")
     try:
         adv_lib.resolve(advantage, **(advantage_options or {}))
     except ValueError as err:
         problems.append(f"model.advantage: {err}")
-    problems += loss_problems(**_)
+    problems += loss_problems(loss=loss, loss_options=loss_options, clip_range=clip_range)
     if reward_aggregation not in AGGREGATIONS:
         problems.append(f"model.reward_aggregation={reward_aggregation!r}: choose one of {sorted(AGGREGATIONS)}")
     if sample_chunk_size is not None and sample_chunk_size < 1:
         problems.append(f"model.sample_chunk_size={sample_chunk_size} must be >= 1 (or null: the whole batch at once)")
     return problems
+
+
+def fraction_problems(timestep_fraction: float = 0.99, **others: Any) -> list[str]:
+    """Flow-GRPO's options (the policy-gradient ones and ``timestep_fraction``)."""
+    problems = policy_gradient_problems(**others)
+    if not 0 < timestep_fraction <= 1:
+        problems.append(f"model.timestep_fraction={timestep_fraction} must be in (0, 1]")
+    return problems
+
+
+def completion_problems(completion_steps: Optional[int] = None, completion_chunk_size: Optional[int] = None,
+                        reward_chunk_size: Optional[int] = None) -> list[str]:
+    """The ODE completion options of the dense step-reward methods."""
+    return [f"model.{key}={value} must be >= 1 (or null)" for key, value in (
+        ("completion_steps", completion_steps), ("completion_chunk_size", completion_chunk_size),
+        ("reward_chunk_size", reward_chunk_size)) if value is not None and value < 1]
 
 
 def optimizer_problems(optimizer: Any) -> list[str]:

@@ -34,6 +34,23 @@ class Conditioning:
                        null_embeds=pick(self.null_embeds), null_pooled=pick(self.null_pooled))
 
 
+#: the adapter a policy's ``lora`` option creates (peft's and diffusers' default name)
+DEFAULT_ADAPTER = "default"
+
+
+def adapter_of(parameter_name: str) -> Optional[str]:
+    """The LoRA adapter a peft parameter belongs to (``...lora_A.<adapter>.weight``), None for other parameters.
+
+    >>> adapter_of("blocks.0.attn.to_q.lora_B.fake_score.weight"), adapter_of("blocks.0.attn.to_q.base_layer.weight")
+    ('fake_score', None)
+    """
+    parts = parameter_name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("lora_"):
+            return parts[i + 1]
+    return None
+
+
 @dataclass
 class LoraOptions:
     """LoRA through peft. ``target_modules`` None: the adapter's default for its model family."""
@@ -62,20 +79,80 @@ class FlowPolicy(nn.Module):
         self.reference_denoiser: Optional[nn.Module] = None
 
     def _setup_trainable(self, denoiser: nn.Module) -> None:
-        """Freeze everything, then add LoRA adapters to ``denoiser`` or unfreeze it whole (full fine-tuning)."""
+        """Freeze everything, then add the LoRA adapter ``default`` to ``denoiser`` or unfreeze it whole (full
+        fine-tuning)."""
         self.requires_grad_(False)
+        self._trainable_adapters: set[str] = set()
         if self.lora is None:
             denoiser.requires_grad_(True)
             return
+        self.add_adapter(DEFAULT_ADAPTER, self.lora)
+
+    # -- named adapters (peft): several LoRA adapters on one backbone ---------------------------------------
+
+    def add_adapter(self, name: str, options: "LoraOptions", trainable: bool = True) -> None:
+        """Add the LoRA adapter ``name`` to the denoiser. The active adapter stays the one that was active (the first
+        added is active by default); :meth:`adapter` runs the policy under another."""
         from peft import LoraConfig
 
-        targets = self.lora.target_modules or list(self.default_lora_targets)
-        config = LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
+        if name in self.adapter_names:
+            raise ValueError(f"the policy already has an adapter named {name!r}; its adapters: {self.adapter_names}")
+        active = self.active_adapter
+        targets = options.target_modules or list(self.default_lora_targets)
+        config = LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=options.dropout,
                             init_lora_weights="gaussian", target_modules=targets)
-        denoiser.add_adapter(config)
+        self.denoiser.add_adapter(config, adapter_name=name)
+        if trainable:
+            self._trainable_adapters.add(name)
+        self._activate(active or name)
 
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
+    @property
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters on the denoiser, in the order they were added."""
+        return list(getattr(self.denoiser, "peft_config", None) or {})
+
+    @property
+    def active_adapter(self) -> Optional[str]:
+        if not self.adapter_names:
+            return None
+        active = self.denoiser.active_adapters()
+        return active[0] if active else None
+
+    def _activate(self, name: str) -> None:
+        """Make ``name`` the adapter the denoiser runs with. peft's ``set_adapter`` (and enabling adapters again)
+        also marks only the active adapter trainable: the trainable adapters get their flags back."""
+        self.denoiser.set_adapter(name)
+        self._restore_trainable()
+
+    def _restore_trainable(self) -> None:
+        if not self.adapter_names:
+            return
+        for pname, param in self.denoiser.named_parameters():
+            adapter = adapter_of(pname)
+            if adapter is not None:
+                param.requires_grad_(adapter in self._trainable_adapters)
+
+    @contextmanager
+    def adapter(self, name: str) -> Iterator[None]:
+        """Within this context the policy runs with the adapter ``name`` (the others stay loaded and keep their
+        weights and trainability)."""
+        if name not in self.adapter_names:
+            raise ValueError(f"the policy has no adapter {name!r}; its adapters: {self.adapter_names}")
+        previous = self.active_adapter
+        self._activate(name)
+        try:
+            yield
+        finally:
+            self._activate(previous)
+
+    def trainable_parameters(self, adapter: Optional[str] = None) -> list[nn.Parameter]:
+        """What an optimizer trains: every parameter that requires a gradient, or only adapter ``adapter``'s (one
+        optimizer per trained adapter)."""
+        if adapter is None:
+            return [p for p in self.parameters() if p.requires_grad]
+        if adapter not in self.adapter_names:
+            raise ValueError(f"the policy has no adapter {adapter!r}; its adapters: {self.adapter_names}")
+        return [p for n, p in self.denoiser.named_parameters() if adapter_of(n) == adapter and p.requires_grad]
 
     def setup_reference(self) -> None:
         """Make the reference model available: LoRA needs nothing (adapters off); full fine-tuning keeps a frozen
@@ -85,13 +162,15 @@ class FlowPolicy(nn.Module):
 
     @contextmanager
     def reference(self) -> Iterator[None]:
-        """Within this context the policy evaluates as the reference model (no gradient flows)."""
+        """Within this context the policy evaluates as the reference model, the backbone without any adapter (no
+        gradient flows)."""
         if self.lora is not None:
             self.denoiser.disable_adapters()
             try:
                 yield
             finally:
                 self.denoiser.enable_adapters()
+                self._restore_trainable()
             return
         if self.reference_denoiser is None:
             raise RuntimeError("full fine-tuning needs `setup_reference()` before the reference can be used")

@@ -21,8 +21,25 @@ from flowrl.policies.base import FlowPolicy
 REFERENCE_PREFIX = "reference_denoiser."
 
 
-def export_lora(policy: FlowPolicy, out: str | Path) -> Path:
-    """Writes the policy's LoRA weights in the diffusers layout of its pipeline; returns ``out``.
+def exported_adapter(policy: FlowPolicy, adapter: Optional[str] = None) -> str:
+    """The adapter to export: ``adapter``, or the policy's one trained adapter.
+
+    Raises:
+        ValueError: no adapter of that name, or several trained adapters and none named.
+    """
+    if adapter is not None:
+        if adapter not in policy.adapter_names:
+            raise ValueError(f"the policy has no adapter {adapter!r}; its adapters: {policy.adapter_names}")
+        return adapter
+    trained = [name for name in policy.adapter_names if policy.trainable_parameters(name)]
+    if len(trained) != 1:
+        raise ValueError(f"the policy trains the adapters {trained}: name the one to export (--adapter NAME)")
+    return trained[0]
+
+
+def export_lora(policy: FlowPolicy, out: str | Path, adapter: Optional[str] = None) -> Path:
+    """Writes the LoRA weights of ``adapter`` (default: the one trained adapter) in the diffusers layout of the
+    policy's pipeline; returns ``out``.
 
     Raises:
         ValueError: the policy was fully fine-tuned (no adapters), or it is not pipeline-backed.
@@ -30,21 +47,23 @@ def export_lora(policy: FlowPolicy, out: str | Path) -> Path:
     from peft.utils import get_peft_model_state_dict
 
     _check_exportable(policy)
-    if policy.lora is None:
+    if not policy.adapter_names:
         raise ValueError("this policy was fully fine-tuned: it has no LoRA weights; use export_pipeline")
+    adapter = exported_adapter(policy, adapter)
     name = getattr(policy, "denoiser_name", "transformer")
     policy.pipeline_class.save_lora_weights(
-        out, **{f"{name}_lora_layers": get_peft_model_state_dict(policy.denoiser),
-                f"{name}_lora_adapter_metadata": policy.denoiser.peft_config["default"].to_dict()})
+        out, **{f"{name}_lora_layers": get_peft_model_state_dict(policy.denoiser, adapter_name=adapter),
+                f"{name}_lora_adapter_metadata": policy.denoiser.peft_config[adapter].to_dict()})
     return Path(out)
 
 
-def export_pipeline(policy: FlowPolicy, out: str | Path) -> Path:
-    """Writes the whole pipeline with the trained denoiser; LoRA adapters are fused into it first, **in place** (the
-    policy then has no adapters: export from a policy you no longer train)."""
+def export_pipeline(policy: FlowPolicy, out: str | Path, adapter: Optional[str] = None) -> Path:
+    """Writes the whole pipeline with the trained denoiser; the LoRA adapter ``adapter`` (default: the one trained
+    adapter) is fused into it first, **in place**, and every adapter is then removed (export from a policy you no
+    longer train)."""
     _check_exportable(policy)
-    if policy.lora is not None:
-        policy.denoiser.fuse_lora()
+    if policy.adapter_names:
+        policy.denoiser.fuse_lora(adapter_names=[exported_adapter(policy, adapter)])
         policy.denoiser.unload_lora()
     policy.pipeline().save_pretrained(out)
     return Path(out)
@@ -112,12 +131,13 @@ def main(args: Optional[list[str]] = None) -> None:
     parser.add_argument("--config", help="the run's config (default: config.yaml saved beside the checkpoints)")
     parser.add_argument("--merged", action="store_true", help="also write the pipeline with LoRA fused, to OUT/merged")
     parser.add_argument("--ema", action="store_true", help="export the flowrl.callbacks.EMA average of the weights")
+    parser.add_argument("--adapter", help="the LoRA adapter to export (default: the policy's one trained adapter)")
     opts = parser.parse_args(args)
     policy = load_policy(opts.ckpt, opts.config, opts.ema)
     out = Path(opts.out)
-    if policy.lora is None:
+    if not policy.adapter_names:
         print(f"flowrl export: full pipeline -> {export_pipeline(policy, out)}")
         return
-    print(f"flowrl export: LoRA weights -> {export_lora(policy, out)}")
+    print(f"flowrl export: LoRA weights -> {export_lora(policy, out, opts.adapter)}")
     if opts.merged:
-        print(f"flowrl export: merged pipeline -> {export_pipeline(policy, out / 'merged')}")
+        print(f"flowrl export: merged pipeline -> {export_pipeline(policy, out / 'merged', opts.adapter)}")

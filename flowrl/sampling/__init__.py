@@ -1,10 +1,24 @@
-"""Sampler steps with Gaussian log-probs, the sampler loop, the Rollout record and ODE completions with their
-rewards (pure tensors, no Lightning)."""
+"""Sampling, as pure tensors and a velocity function (no Lightning):
+
+- :mod:`~flowrl.sampling.steps`: one pure function per step kind, ``(z, v, sigma, sigma_next, noise) -> (z_next,
+  mean, std, log_prob)``, the log-prob averaged over latent dimensions;
+- :mod:`~flowrl.sampling.sampler`: ``sample_from``, the one sampler primitive (continue from any state at any step,
+  SDE or ODE per row and step, the caller's noise), ``sample`` from seeded noise, branch noise from
+  ``(tree seed, path)``, step masks;
+- :mod:`~flowrl.sampling.rollout`: the ``Rollout`` record every method fills (rows, conditioning rows, tree node
+  ids, per-row NFE) and its tree helpers (parents, depths, edges trained once);
+- :mod:`~flowrl.sampling.ode_complete` and :mod:`~flowrl.sampling.completion_rewards`: batched ODE completions of
+  intermediate states and their rewards (dense step-reward methods);
+- :mod:`~flowrl.sampling.noise_calibration`: DenseGRPO's exploration-space calibration.
+"""
 
 from flowrl.sampling.completion_rewards import completion_rewards
 from flowrl.sampling.ode_complete import Completion, complete_trajectories, ode_complete
-from flowrl.sampling.rollout import Rollout, sample, sde_steps, seeded_noise, trained_steps
+from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.sampler import (branch_seed, path_noise, sample, sample_from, sde_steps, seeded_noise,
+                                     trained_steps)
 from flowrl.sampling.steps import STEPS, StepOutput, gaussian_log_prob, get_step
 
-__all__ = ["Completion", "Rollout", "STEPS", "StepOutput", "complete_trajectories", "completion_rewards",
-           "gaussian_log_prob", "get_step", "ode_complete", "sample", "sde_steps", "seeded_noise", "trained_steps"]
+__all__ = ["Completion", "Rollout", "STEPS", "StepOutput", "branch_seed", "complete_trajectories",
+           "completion_rewards", "gaussian_log_prob", "get_step", "ode_complete", "path_noise", "sample",
+           "sample_from", "sde_steps", "seeded_noise", "trained_steps"]

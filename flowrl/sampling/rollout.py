@@ -1,53 +1,107 @@
-"""Rollouts: the one record every method fills, and the sampler loop that fills it for plain SDE/ODE sampling.
+"""The Rollout: the one record every method fills, linear trajectories and branched or tree rollouts alike.
 
-Noise is drawn per sample from a generator seeded by that sample's seed (initial noise first, then one draw per
-step), so a trajectory depends only on its seed, its prompt and the weights: not on the batch it shares, the rank
-it runs on or the device's batch kernels' draw order.
+Shape contract (``B`` rows, ``T`` steps; a row is one trajectory from noise to sample, i.e. one root-to-leaf path of
+a tree):
+
+- ``latents [B, T+1, ...]`` the states, noise at index 0; ``log_probs [B, T]`` of each transition (0 on ODE steps);
+  ``sigmas [B, T+1]``; ``train_mask [B, T]`` the transitions the loss trains.
+- ``cond_rows [B]`` the row of the batch's encoded prompts that conditions each rollout row, so rows may outnumber
+  prompts and come in any order (default: row ``i`` by prompt ``i``); ``prompts``, ``group_ids``, ``seeds`` ``[B]`` per row.
+- ``node_ids [B, T]`` (branch and tree methods): the tree node each transition reaches; rows that share a node
+  share that transition bit for bit (and every state before it). A run of equal ids on a row is one node (several
+  steps); ids are unique within a group (one tree per prompt, or several trees in one group). Parents and depths
+  follow from them (:attr:`Rollout.parent_ids`, :attr:`Rollout.depths`); ``None`` means every row is its own path.
+- ``nfe [B]`` the model evaluations spent on each row (a CFG pair counts as one), completions included.
+- ``images``, ``rewards {name: [B]}``, ``completion_rewards [B, K]`` (ODE completions' weighted totals, dense
+  methods), ``step_rewards [B, T]`` (set by the loop from the method's hook).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from flowrl.sampling.steps import ODE_STEPS, get_step, ode_kind
-
-#: ``velocity(z [B, ...], sigma [B]) -> v [B, ...]``: the model with its conditioning and guidance bound.
-VelocityFn = Callable[[Tensor, Tensor], Tensor]
-
 
 @dataclass
 class Rollout:
-    """A batch of trajectories. ``T`` steps; latents hold the ``T + 1`` states from noise (index 0) to the sample.
-
-    Fields: prompts ``[B]``; group_ids, seeds ``[B]`` long; latents ``[B, T+1, ...]``; log_probs ``[B, T]`` (0 on
-    deterministic steps); sigmas ``[B, T+1]``; train_mask ``[B, T]`` bool (steps the loss sees); images
-    ``[B, 3, H, W]`` in ``[0, 1]``; rewards ``{name: [B]}``; step_rewards ``[B, T]``; completion_rewards ``[B, K]``
-    the weighted total reward of the ODE completions of K states (dense step-reward methods); node_ids, parent_ids
-    for branch and tree methods; nfe: model evaluations spent per trajectory (a CFG pair counts as one).
-    """
+    """A batch of trajectories (see the module docstring for every field's shape)."""
 
     prompts: list[str]
     group_ids: Tensor
     seeds: Tensor
-    latents: Tensor
+    latents: Optional[Tensor]  # None in the view gathered from every rank (hooks see no latents)
     log_probs: Tensor
     sigmas: Tensor
     train_mask: Tensor
+    cond_rows: Optional[Tensor] = None
     images: Optional[Tensor] = None
     rewards: dict[str, Tensor] = field(default_factory=dict)
     step_rewards: Optional[Tensor] = None
     completion_rewards: Optional[Tensor] = None
     node_ids: Optional[Tensor] = None
-    parent_ids: Optional[Tensor] = None
-    nfe: int = 0
+    nfe: Optional[Tensor] = None
+
+    def __post_init__(self) -> None:
+        if self.cond_rows is None:  # row i is conditioned by the batch's prompt i
+            self.cond_rows = torch.arange(self.log_probs.shape[0], device=self.log_probs.device)
 
     @property
     def num_steps(self) -> int:
         return self.log_probs.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.log_probs.shape[0]
+
+    @property
+    def parent_ids(self) -> Optional[Tensor]:
+        """``[B, T]`` the node before each step's node on its row (-1 at the root); None without ``node_ids``.
+
+        >>> r = Rollout([], torch.zeros(2), torch.zeros(2), None, torch.zeros(2, 3), torch.zeros(2, 4),
+        ...             torch.ones(2, 3, dtype=torch.bool), node_ids=torch.tensor([[0, 0, 1], [0, 0, 2]]))
+        >>> r.parent_ids.tolist(), r.depths.tolist()
+        ([[-1, -1, 0], [-1, -1, 0]], [[0, 0, 1], [0, 0, 1]])
+        """
+        if self.node_ids is None:
+            return None
+        ids = self.node_ids
+        new = torch.ones_like(ids, dtype=torch.bool)
+        new[:, 1:] = ids[:, 1:] != ids[:, :-1]  # a step that enters a new node
+        previous = torch.full_like(ids, -1)
+        previous[:, 1:] = ids[:, :-1]
+        entered = torch.where(new, previous, torch.full_like(ids, -2))  # the parent where a node starts
+        return _carry(entered, new)
+
+    @property
+    def depths(self) -> Optional[Tensor]:
+        """``[B, T]`` how many nodes come before each step's node on its row (0 for the root's)."""
+        if self.node_ids is None:
+            return None
+        new = torch.ones_like(self.node_ids, dtype=torch.bool)
+        new[:, 1:] = self.node_ids[:, 1:] != self.node_ids[:, :-1]
+        return new.long().cumsum(1) - 1
+
+    def trained_once(self) -> Tensor:
+        """``train_mask`` with each shared transition (a node's steps reached by several rows of one group) kept on
+        its first row only, so an edge below several leaves is trained once. Without ``node_ids``, ``train_mask``.
+
+        >>> r = Rollout([], torch.zeros(2).long(), torch.zeros(2), None, torch.zeros(2, 2), torch.zeros(2, 3),
+        ...             torch.ones(2, 2, dtype=torch.bool), node_ids=torch.tensor([[0, 1], [0, 2]]))
+        >>> r.trained_once().tolist()
+        [[True, True], [False, True]]
+        """
+        if self.node_ids is None:
+            return self.train_mask
+        rows = torch.arange(self.batch_size, device=self.node_ids.device)[:, None].expand_as(self.node_ids)
+        steps = torch.arange(self.num_steps, device=self.node_ids.device).expand_as(self.node_ids)
+        keys = torch.stack([self.group_ids[:, None].expand_as(self.node_ids).long(), self.node_ids, steps], -1)
+        _, inverse = torch.unique(keys.reshape(-1, 3), dim=0, return_inverse=True)
+        first = torch.full((int(inverse.max()) + 1,), self.batch_size, device=rows.device).scatter_reduce(
+            0, inverse, rows.reshape(-1), "amin")
+        return self.train_mask & (first[inverse].view_as(rows) == rows)
 
     @classmethod
     def cat(cls, parts: Sequence["Rollout"]) -> "Rollout":
@@ -62,82 +116,8 @@ class Rollout:
         return cls(**{f.name: join([getattr(p, f.name) for p in parts]) for f in fields(cls)})
 
 
-def seeded_noise(seeds: Tensor, shape: Sequence[int], draws: int, device: torch.device | str = "cpu") -> Tensor:
-    """Standard normal noise ``[B, draws, *shape]``, row ``i`` from a CPU generator seeded with ``seeds[i]``.
-
-    >>> a = seeded_noise(torch.tensor([7, 8]), (2,), 3); b = seeded_noise(torch.tensor([8]), (2,), 3)
-    >>> torch.equal(a[1], b[0])
-    True
-    """
-    rows = []
-    for seed in seeds.tolist():
-        gen = torch.Generator().manual_seed(int(seed))
-        rows.append(torch.randn((draws, *shape), generator=gen))
-    return torch.stack(rows).to(device)
-
-
-def sde_steps(num_steps: int, step_kind: str, sde_window: Optional[tuple[int, int]] = None) -> Tensor:
-    """Which steps are stochastic ``[T]`` bool: all, or those in ``[start, end)``; a deterministic kind (``ode``,
-    ``ddim_ode``) has none."""
-    mask = torch.zeros(num_steps, dtype=torch.bool)
-    if step_kind not in ODE_STEPS.values():
-        start, end = sde_window or (0, num_steps)
-        mask[start:end] = True
-    return mask
-
-
-@torch.no_grad()
-def sample(
-    velocity: VelocityFn,
-    seeds: Tensor,
-    sigmas: Tensor,
-    latent_shape: Sequence[int],
-    step_kind: str = "flow_grpo",
-    noise_level: float | Tensor = 0.7,
-    sde_mask: Optional[Tensor] = None,
-    device: torch.device | str = "cpu",
-) -> tuple[Tensor, Tensor]:
-    """Run the sampler from seeded noise along ``sigmas [T+1]`` (shared) and record every state.
-
-    Args:
-        velocity: the bound model (see :data:`VelocityFn`).
-        seeds: ``[B]`` long. sigmas: ``[T + 1]`` from 1 to 0.
-        step_kind: the step used where ``sde_mask`` is True (elsewhere its deterministic form, ``ode_kind``).
-        noise_level: a float or ``[T]`` per-step values (e.g. calibrated noise).
-    Returns:
-        latents ``[B, T+1, *latent_shape]`` and log_probs ``[B, T]`` (float32).
-    """
-    num_steps = sigmas.numel() - 1
-    sde_mask = sde_steps(num_steps, step_kind) if sde_mask is None else sde_mask
-    levels = torch.as_tensor(noise_level, dtype=torch.float32).expand(num_steps)
-    noise = seeded_noise(seeds, latent_shape, num_steps + 1, device)  # [B, T+1, ...]
-    batch = seeds.numel()
-    latents = torch.empty((batch, num_steps + 1, *latent_shape), device=device)
-    log_probs = torch.zeros(batch, num_steps, device=device)
-    z = latents[:, 0] = noise[:, 0]
-    for k in range(num_steps):
-        sigma, sigma_next = sigmas[k].expand(batch).to(device), sigmas[k + 1].expand(batch).to(device)
-        v = velocity(z, sigma)
-        step = get_step(step_kind if sde_mask[k] else ode_kind(step_kind))
-        out = step(z, v, sigma, sigma_next, noise=noise[:, k + 1], noise_level=levels[k])
-        z = latents[:, k + 1] = out.z_next
-        log_probs[:, k] = out.log_prob
-    return latents, log_probs
-
-
-def trained_steps(sde_mask: Tensor, timestep_fraction: float, sigmas: Tensor, step_kind: str) -> Tensor:
-    """Steps the loss trains ``[T]``: stochastic steps among the first ``floor(T * timestep_fraction)`` (as
-    flow_grpo), minus steps whose transition has zero std (CPS landing on sigma = 0; DDIM landing on sigma = 0 or
-    not moving, as SD1.5's last step does with ``steps_offset = 0``).
-
-    >>> trained_steps(torch.ones(10, dtype=torch.bool), 0.99, torch.linspace(1, 0, 11), "flow_grpo").sum().item()
-    9
-    """
-    num_steps = sde_mask.numel()
-    mask = sde_mask.clone()
-    mask[int(num_steps * timestep_fraction):] = False
-    if step_kind == "cps":
-        mask &= sigmas[1:] > 0
-    if step_kind == "ddim":
-        mask &= (sigmas[1:] > 0) & (sigmas[1:] < sigmas[:-1])
-    return mask
+def _carry(entered: Tensor, new: Tensor) -> Tensor:
+    """Forward-fill ``entered`` (the parent where a node starts) over the steps that stay in the node."""
+    index = torch.arange(entered.shape[1], device=entered.device).expand_as(entered)
+    last_start = torch.where(new, index, torch.zeros_like(index)).cummax(1).values
+    return entered.gather(1, last_start)

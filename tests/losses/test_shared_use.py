@@ -9,7 +9,8 @@ from torch import Tensor
 
 from flowrl import advantages, losses
 from flowrl.policies import LoraOptions, TinyFlowPolicy
-from flowrl.sampling.rollout import Rollout, sample, sde_steps, trained_steps
+from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.sampler import sample, sde_steps, trained_steps
 from flowrl.sampling.steps import get_step
 
 VOCAB, PAD, EOS, TARGET = 16, 0, 1, 5

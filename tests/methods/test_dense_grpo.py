@@ -42,23 +42,24 @@ def test_worked_example_dense_rewards_and_advantages(policy):
     module = DenseGRPO(policy, num_steps=3, timestep_fraction=1.0, calibration=None,
                        advantage_options={"eps": 0.0, "ddof": 0, "std_scope": "group"})
     rollout = fake_rollout(R)
-    d_r = module.step_rewards(rollout, R[:, -1])
+    valid = torch.ones(3, dtype=torch.bool)
+    d_r = module.step_rewards(rollout, R[:, -1], valid)
     assert torch.allclose(d_r, torch.tensor([[0.10, 0.05, 0.15], [-0.05, 0.25, -0.10], [0.05, -0.05, 0.05]]),
                           atol=1e-6)
-    adv = module.compute_advantages(d_r, rollout.train_mask, rollout.group_ids)
+    adv = module.advantages(rollout, d_r, valid)
     # step 0: dR (0.10, -0.05, 0.05), mean 0.03333, population std 0.06236 -> (1.0690, -1.3363, 0.2673)
     expected = torch.tensor([[1.0690, -0.2673, 1.1355], [-1.3363, 1.3363, -1.2978], [0.2673, -1.0690, 0.1622]])
     assert torch.allclose(adv, expected, atol=1e-4)
     # the method's default numerics (Flow-GRPO's +1e-4, population std) give the notes' second set of numbers
     default = DenseGRPO(policy, num_steps=3, timestep_fraction=1.0, calibration=None)
-    adv = default.compute_advantages(d_r, rollout.train_mask, rollout.group_ids)
+    adv = default.advantages(rollout, d_r, valid)
     assert torch.allclose(adv[:, 0], torch.tensor([1.0673, -1.3342, 0.2668]), atol=1e-4)
 
 
 def test_step_rewards_telescope_to_final_minus_first(policy):
     module = DenseGRPO(policy, num_steps=5, calibration=None)
     rewards = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
-    d_r = module.step_rewards(fake_rollout(rewards), rewards[:, -1])
+    d_r = module.step_rewards(fake_rollout(rewards), rewards[:, -1], torch.ones(4, dtype=torch.bool))
     assert torch.allclose(d_r.sum(1), rewards[:, -1] - rewards[:, 0], atol=1e-6)
 
 
@@ -81,13 +82,13 @@ def counted_rollout(policy, monkeypatch, **options):
 
 def test_nfe_is_65_per_trajectory_at_ten_steps_with_full_completions(policy, monkeypatch):
     rollout, counted = counted_rollout(policy, monkeypatch)
-    assert counted == rollout.nfe == 10 + sum(range(1, 11))  # 10 SDE steps + completions of 10..1 steps = 65
+    assert counted == 10 + sum(range(1, 11)) and rollout.nfe.tolist() == [counted] * 2  # 10 SDE steps + completions of 10..1 steps = 65
     assert rollout.completion_rewards.shape == (2, 10) and torch.isfinite(rollout.completion_rewards).all()
 
 
 def test_completion_steps_cap_each_completion(policy, monkeypatch):
     rollout, counted = counted_rollout(policy, monkeypatch, completion_steps=2)
-    assert counted == rollout.nfe == 10 + 2 * 9 + 1  # two steps each, one from the last state
+    assert counted == 10 + 2 * 9 + 1 and rollout.nfe.tolist() == [counted] * 2  # two steps each, one from the last state
 
 
 def test_calibration_update_by_hand():

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from flowrl.methods import GRPOLoop
-from flowrl.methods.options import option_problems
+from flowrl.methods import FlowGRPO
+from flowrl.methods.options import policy_gradient_problems as option_problems
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 
 
@@ -29,15 +29,15 @@ def policy(tiny_model_dir):
 
 def test_bad_loss_fails_at_construction(policy):
     with pytest.raises(ValueError, match="model.loss='nope'"):
-        GRPOLoop(policy, loss="nope")
+        FlowGRPO(policy, loss="nope")
 
 
 def test_sequence_level_micro_batches_keep_samples_whole(policy):
     train = torch.tensor([[1, 1, 1], [1, 0, 1], [0, 1, 0], [1, 1, 1], [1, 1, 0]]).bool()  # holes, uneven rows
     pairs = train.nonzero()
     for loss in ("gspo", "vanilla"):
-        loop = GRPOLoop(policy, num_steps=3, loss=loss, micro_batch_size=4, num_minibatches=2)
-        minibatches = loop.micro_batches(pairs, torch.Generator().manual_seed(0))
+        loop = FlowGRPO(policy, num_steps=3, loss=loss, micro_batch_size=4, num_minibatches=2)
+        minibatches = loop.ppo.micro_batches(pairs, torch.Generator().manual_seed(0))
         assert len(minibatches) == 2
         flat = torch.cat([chunk for minibatch in minibatches for chunk in minibatch])
         assert sorted(map(tuple, flat.tolist())) == sorted(map(tuple, pairs.tolist()))  # every pair exactly once
@@ -52,7 +52,7 @@ def test_sequence_level_micro_batches_keep_samples_whole(policy):
 
 def test_gspo_pair_loss_sees_each_samples_geometric_mean_ratio(policy):
     torch.manual_seed(0)
-    loop = GRPOLoop(policy, num_steps=3, timestep_fraction=1.0, guidance_scale=1.0, clip_range=0.5, loss="gspo")
+    loop = FlowGRPO(policy, num_steps=3, timestep_fraction=1.0, guidance_scale=1.0, clip_range=0.5, loss="gspo")
     batch = {"prompts": ["red 1 and blue 2"] * 2, "group_ids": torch.zeros(2, dtype=torch.long),
              "seeds": torch.tensor([5, 6])}
     with torch.no_grad():
@@ -62,13 +62,13 @@ def test_gspo_pair_loss_sees_each_samples_geometric_mean_ratio(policy):
     rollout.log_probs[:, 2] -= 0.3  # log r = (0, 0, 0.3) at the three steps of both samples
     advantages, weights = torch.ones(2, 3), torch.ones(2, 3)
     pairs = rollout.train_mask.nonzero()
-    loss, metrics = loop.pair_loss(rollout, cond, advantages, weights, pairs)
+    loss, metrics = loop.ppo.pair_loss(loop, rollout, cond, advantages, weights, pairs)
     # s = exp(mean(0, 0, 0.3)) = exp(0.1) = 1.105171 at every pair; loss = mean(-A s) (inside the 0.5 clip)
     assert metrics["ratio_min"] == pytest.approx(math.exp(0.1), abs=1e-4)
     assert metrics["ratio_max"] == pytest.approx(math.exp(0.1), abs=1e-4)
     assert loss.item() == pytest.approx(-math.exp(0.1), abs=1e-4)
     # per position (vanilla) the same pairs have ratios 1, 1, exp(0.3): loss -(1 + 1 + 1.349859) / 3
-    loop.loss, loop.loss_options = "vanilla", {"clip_low": 0.5}
-    loss, metrics = loop.pair_loss(rollout, cond, advantages, weights, pairs)
+    loop.ppo.loss, loop.ppo.loss_options = "vanilla", {"clip_low": 0.5}
+    loss, metrics = loop.ppo.pair_loss(loop, rollout, cond, advantages, weights, pairs)
     assert metrics["ratio_max"] == pytest.approx(math.exp(0.3), abs=1e-4)
     assert loss.item() == pytest.approx(-(2 + math.exp(0.3)) / 3, abs=1e-4)

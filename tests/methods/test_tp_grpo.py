@@ -5,9 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Trainer
 
 from flowrl.cli import main
 from flowrl.methods import TPGRPO
+from flowrl.rewards import FunctionReward
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli
 
@@ -33,6 +35,13 @@ def mean_pixel(images, prompts):
     return images.mean(dim=(1, 2, 3))
 
 
+def scored_by_mean_pixel(module):
+    """``module`` on a trainer whose one reward is the mean pixel (what its completions are scored with)."""
+    module.trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=[
+        FunctionReward("tests.rewards.reward_functions.brightness")])
+    return module
+
+
 def counted_rollout(module, batch):
     """The rollout and the model evaluations per trajectory it took (rows of real forward calls; CFG pairs are one)."""
     rows = []
@@ -52,20 +61,19 @@ def counted_rollout(module, batch):
 
 
 def test_nfe_is_64_at_ten_steps_with_a_nine_step_window(policy):
-    module = TPGRPO(policy, num_steps=10, window_size=9, guidance_scale=4.5)
-    module.total_score = mean_pixel
+    module = scored_by_mean_pixel(TPGRPO(policy, num_steps=10, window_size=9, guidance_scale=4.5))
     rollout, evaluations = counted_rollout(module, batch_of([3, 4]))
-    assert evaluations == 64 and rollout.nfe == 64  # 10 sample + sum_{j=0..8} (10 - j) completion evaluations
-    module = TPGRPO(policy, num_steps=6, window_start=1, window_size=3, guidance_scale=4.5, completion_steps=2)
-    module.total_score = mean_pixel
+    assert evaluations == 64 and rollout.nfe.tolist() == [64, 64]  # 10 sample + sum_{j=0..8} (10 - j) completion evaluations
+    module = scored_by_mean_pixel(TPGRPO(policy, num_steps=6, window_start=1, window_size=3, guidance_scale=4.5,
+                                         completion_steps=2))
     rollout, evaluations = counted_rollout(module, batch_of([3]))
-    assert evaluations == rollout.nfe == 6 + 2 + 2 + 2
+    assert evaluations == 6 + 2 + 2 + 2 and rollout.nfe.tolist() == [evaluations]
 
 
 @pytest.mark.parametrize("step_kind", ["cps", "flow_grpo"])
 def test_window_rollout_and_r0_from_the_same_noise(policy, step_kind):
-    module = TPGRPO(policy, num_steps=6, window_start=2, window_size=4, step_kind=step_kind, guidance_scale=2.0)
-    module.total_score = mean_pixel
+    module = scored_by_mean_pixel(TPGRPO(policy, num_steps=6, window_start=2, window_size=4, step_kind=step_kind,
+                                         guidance_scale=2.0))
     seeds = [11, 12]
     rollout, _ = counted_rollout(module, batch_of(seeds))
     window = torch.zeros(6, dtype=torch.bool)

@@ -10,10 +10,10 @@ from diffusers import FluxPipeline, StableDiffusion3Pipeline
 from peft.utils import get_peft_model_state_dict
 
 from flowrl.cli import main
-from flowrl.methods import GRPOLoop
+from flowrl.methods import FlowGRPO
 from flowrl.policies import FluxPolicy, LoraOptions, SD3Policy
 from flowrl.policies.export import export_lora, export_pipeline
-from flowrl.sampling.rollout import seeded_noise
+from flowrl.sampling.sampler import seeded_noise
 from tests.policies.test_sd3 import fit_args
 
 PROMPTS, SEEDS, STEPS = ["a red cat", "a blue dog"], torch.tensor([11, 12]), 3
@@ -48,7 +48,7 @@ def model_dir(request, sd3_dir, flux_dir):
 def test_exported_lora_and_merged_pipeline_reproduce_the_adapters_ode_sample(family, model_dir, tmp_path):
     policy = trained_policy(family, model_dir)
     _, pipeline_class, guidance = FAMILIES[family]
-    ours = GRPOLoop(policy, guidance_scale=guidance).generate(PROMPTS, SEEDS, STEPS)
+    ours = FlowGRPO(policy, guidance_scale=guidance).generate(PROMPTS, SEEDS, STEPS)
     export_lora(policy, tmp_path / "lora")
     pipe = pipeline_class.from_pretrained(model_dir)
     base = pipeline_images(family, pipe, policy)

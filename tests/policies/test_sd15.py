@@ -11,10 +11,10 @@ from diffusers import DDIMScheduler, StableDiffusionPipeline
 
 from flowrl.cli import main
 from flowrl.methods import FlowGRPO
-from flowrl.methods.options import option_problems
+from flowrl.methods.options import policy_gradient_problems as option_problems
 from flowrl.policies import LoraOptions, SD15Policy
 from flowrl.sampling.steps import ddim_step
-from flowrl.sampling.rollout import seeded_noise
+from flowrl.sampling.sampler import seeded_noise
 from tests.policies.mixed_precision import assert_mixed_precision
 from tests.policies.tiny_pipelines import CLIP_LENGTH
 from tests.policies.tiny_sd15 import save_sd15

@@ -4,7 +4,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from torch.utils.data import DataLoader
 
-from flowrl.methods import GRPOLoop
+from flowrl.methods import BaseModule
 from flowrl.rewards import JpegIncompressibility, RewardCallback, jpeg_size_kb
 
 
@@ -56,7 +56,7 @@ def test_reward_callbacks_score_validation_outputs_of_any_module():
 
 
 def test_modules_that_score_their_own_rewards_are_not_scored_twice():
-    assert GRPOLoop.scores_own_rewards
+    assert BaseModule.scores_own_rewards
 
     class SelfScoring(PlainGenerator):
         scores_own_rewards = True

@@ -8,7 +8,7 @@ import torch
 from diffusers import DDIMScheduler
 from scipy.stats import norm
 
-from flowrl.sampling.rollout import sample, sde_steps, trained_steps
+from flowrl.sampling.sampler import sample, sde_steps, trained_steps
 from flowrl.sampling.steps import ODE_STEPS, PREDICTIONS, STEPS, ddim_ode_step, ddim_step, ode_kind
 
 SD15 = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,

@@ -7,7 +7,7 @@ import torch
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.sampling.completion_rewards import completion_rewards
 from flowrl.sampling.ode_complete import complete_trajectories, completion_sigmas, ode_complete
-from flowrl.sampling.rollout import sample
+from flowrl.sampling.sampler import sample
 from flowrl.sampling.steps import ode_step
 
 

@@ -25,16 +25,16 @@ def bench():
 
 def test_buffer_bytes_from_known_sizes(bench):
     # B=2, T=3, latents 1x2x2 float32: 2*4*4*4 = 128 bytes; log_probs 2*3*4 = 24; sigmas expanded from [4]: 16;
-    # train_mask 2*3 bool: 6; group_ids and seeds 2 longs each: 32; rewards {"r": [2] float32}: 8
+    # train_mask 2*3 bool: 6; group_ids, seeds and cond_rows 2 longs each: 48; rewards {"r": [2] float32}: 8
     rollout = Rollout(["a", "b"], torch.zeros(2).long(), torch.arange(2), torch.zeros(2, 4, 1, 2, 2),
                       torch.zeros(2, 3), torch.linspace(1, 0, 4).expand(2, -1), torch.ones(2, 3, dtype=torch.bool),
                       rewards={"r": torch.zeros(2)})
-    assert bench.buffer_bytes(rollout) == 128 + 24 + 16 + 6 + 32 + 8
+    assert bench.buffer_bytes(rollout) == 128 + 24 + 16 + 6 + 48 + 8
     assert bench.latent_bytes(2, 3, (1, 2, 2)) == 128
     # a view of a larger tensor costs the larger tensor; two views of one storage count once
     big = torch.zeros(4, 4, 1, 2, 2)
     rollout.latents, rollout.images = big[:2], big[2:]
-    assert bench.buffer_bytes(rollout) == 256 + 24 + 16 + 6 + 32 + 8
+    assert bench.buffer_bytes(rollout) == 256 + 24 + 16 + 6 + 48 + 8
 
 
 @pytest.mark.parametrize("name", ["tiny", "sd3", "flux", "sd15"])
