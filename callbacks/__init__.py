@@ -4,8 +4,12 @@
 from lightning.pytorch.callbacks import EMAWeightAveraging
 
 from flowrl.callbacks.ema import EMA
+from flowrl.callbacks.image_writer import ImageWriter
+from flowrl.callbacks.lora_weights import LoraWeights
 from flowrl.callbacks.progress import RunProgressBar
+from flowrl.callbacks.run_header import RunHeader
 from flowrl.callbacks.run_summary import RunSummary
 from flowrl.callbacks.sample_grid import SampleGrid, grid_image
 
-__all__ = ["EMA", "EMAWeightAveraging", "RunProgressBar", "RunSummary", "SampleGrid", "grid_image"]
+__all__ = ["EMA", "EMAWeightAveraging", "ImageWriter", "LoraWeights", "RunHeader", "RunProgressBar", "RunSummary",
+           "SampleGrid", "grid_image"]

@@ -7,24 +7,32 @@ paths are made relative so ``${data.group_size}`` works from inside a nested cla
 Cross-component problems are collected and raised together before any class (and so any weight) is loaded.
 A ``null`` override of a key inside a nested class (``--model.init_args.policy.init_args.lora=null``) is passed on
 as a one-key config layer, in place: jsonargparse turns such a command-line ``null`` into the string ``'None'``.
+``predict`` takes short options (``--prompts``, ``--seeds``, ...; :mod:`flowrl.predict_command`) and writes images
+with :class:`flowrl.callbacks.ImageWriter`. The console shows the run: :class:`flowrl.callbacks.RunHeader` at the
+start, :class:`flowrl.callbacks.RunProgressBar`, and :mod:`flowrl.framework_notices` filters what is not the run's.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
 from jsonargparse import set_parsing_settings
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+import flowrl.framework_notices  # noqa: F401  first: its filters must be in place before diffusers is imported
+from flowrl.callbacks.image_writer import ImageWriter
 from flowrl.callbacks.progress import RunProgressBar
+from flowrl.callbacks.run_header import RunHeader
 from flowrl.data import GroupLayout, PromptDataModule
 from flowrl.hub import model_problems
 from flowrl.log_versions import launched_as_rank_zero, share_log_versions
@@ -33,6 +41,7 @@ from flowrl.methods.base import BaseModule
 TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,  # the group sampler already splits batches over ranks
     "log_every_n_steps": 1,
+    "enable_model_summary": False,  # flowrl.callbacks.RunHeader prints the parameters trained, with the run's setup
 }
 
 
@@ -141,6 +150,19 @@ def checkpoint_problems(path: str) -> list[str]:
     return []
 
 
+def predict_problems(config: Any) -> list[str]:
+    """Problems of a parsed ``predict`` config found before any weight loads: prompts that cannot be read."""
+    data = _as_dict(config.get("data"))
+    source = data.get("predict_prompts") if data.get("predict_prompts") is not None else data.get("val_prompts")
+    if source is None:
+        return ["predict needs prompts: --prompts \"a prompt\" ..., --prompt_file FILE, or data.val_prompts in the "
+                "config"]
+    if isinstance(source, str) and not Path(source).expanduser().is_file():
+        return [f"prompts {source!r} do not exist (relative paths start at {Path.cwd()}); give a .txt/.jsonl file or "
+                "a list of prompts"]
+    return []
+
+
 def null_overrides_as_configs(args: list[str]) -> list[str]:
     """Rewrites ``--a.init_args.b=null`` (or ``--a.init_args.b null``) into ``--config {a: {init_args: {b: null}}}``
     at the same position, so later arguments still override it.
@@ -173,6 +195,8 @@ class FlowRLCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config
+        if self.subcommand == "predict" and (problems := predict_problems(config)):
+            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
         if self.subcommand != "fit":
             return
         if problems := config_problems(config):
@@ -188,11 +212,31 @@ class FlowRLCLI(LightningCLI):
                 raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
         super()._parse_ckpt_path()
 
+    def parse_arguments(self, parser, args) -> None:
+        # main(args) hands LightningCLI its own arguments; the caller's sys.argv (a test runner's, a script's) is not
+        # a second command line, which is all Lightning's warning about seeing both is for
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            super().parse_arguments(parser, args)
+
     def instantiate_trainer(self, **kwargs: Any):
         trainer = self.config_init.get(self.subcommand, self.config_init).get("trainer")
         callbacks = list(trainer.get("callbacks") or [])
         if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
-            trainer["callbacks"] = callbacks + [RunProgressBar()]
+            callbacks.append(RunProgressBar())
+        if self.subcommand == "fit" and not any(isinstance(c, RunHeader) for c in callbacks):
+            callbacks.append(RunHeader())
+        if self.subcommand == "predict":
+            ckpt = self.config_init.get(self.subcommand, self.config_init).get("ckpt_path")
+            for c in callbacks:  # saves nothing in predict; pointed at the run's folder, its restored state agrees
+                if isinstance(c, ModelCheckpoint) and c.dirpath is None and ckpt and Path(ckpt).is_file():
+                    c.dirpath = os.path.realpath(Path(ckpt).expanduser().parent)
+            if not any(isinstance(c, BasePredictionWriter) for c in callbacks):
+                callbacks.append(ImageWriter())
+            # predict logs no metric, and Lightning's loggers would still write hyperparameters into the run's
+            # version folder (a fit config pins it) and clear its metrics.csv: the images' folder is the output
+            self.save_config_callback, trainer["logger"] = None, False
+        trainer["callbacks"] = callbacks
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
@@ -211,6 +255,10 @@ def main(args: Optional[list[str]] = None) -> None:
         from flowrl.policies.export import main as export
 
         return export(args[1:])
+    if args[:1] == ["predict"]:  # LightningCLI's predict, reached through short options
+        from flowrl.predict_command import predict_arguments
+
+        args = predict_arguments(args[1:])
     set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
     args = null_overrides_as_configs(args)
     if from_argv:  # LightningCLI reads sys.argv itself, and warns when given args beside a command line

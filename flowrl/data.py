@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Optional, Union
 
 import torch
 from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader
 
 
 def load_prompts(source: Union[str, list[str]]) -> list[str]:
@@ -121,6 +122,23 @@ def eval_batches(prompts: list[str], samples_per_prompt: int, batch_size: int, f
             for s in range(0, len(rows), batch_size)]
 
 
+def predict_rows(prompts: list[str], seeds: list[int]) -> list[dict]:
+    """Every prompt with every seed, prompt-major: row ``r = i * len(seeds) + j`` is prompt ``i`` with seed
+    ``seeds[j]``, so a grid with ``len(seeds)`` columns shows one prompt per row.
+
+    >>> predict_rows(["a", "b"], [0, 7])[1:3]
+    [{'prompt': 'a', 'seed': 7, 'row': 1}, {'prompt': 'b', 'seed': 0, 'row': 2}]
+    """
+    return [{"prompt": prompt, "seed": seed, "row": i * len(seeds) + j}
+            for i, prompt in enumerate(prompts) for j, seed in enumerate(seeds)]
+
+
+def collate_rows(rows: list[dict]) -> dict:
+    """Rows of :func:`predict_rows` as one batch: ``prompts`` (list), ``seeds [B]`` and ``rows [B]`` (long)."""
+    return {"prompts": [r["prompt"] for r in rows], "seeds": torch.tensor([r["seed"] for r in rows]),
+            "rows": torch.tensor([r["row"] for r in rows])}
+
+
 class EpochSampler:
     """Holds the epoch; Lightning calls ``set_epoch`` on a loader's ``sampler`` at every epoch start."""
 
@@ -191,12 +209,16 @@ class PromptDataModule(LightningDataModule):
         val_batch_size: evaluation samples per batch. val_samples_per_prompt: samples (fixed seeds) per evaluation
             prompt, as GenEval's 4 per prompt; more of them make the mean less noisy.
         seed: seeds the prompt order and every sample's noise.
+        predict_prompts: prompts for ``python -m flowrl predict`` (a list, ``.txt`` or ``.jsonl``; None: the
+            validation prompts). predict_seeds: the seeds each of them is drawn with (None: 0, 1, 2, 3).
     """
 
     def __init__(self, prompts: Union[str, list[str]], val_prompts: Optional[Union[str, list[str]]] = None,
                  group_size: int = 8, num_groups: int = 4, spread_groups: bool = True, val_batch_size: int = 16,
-                 val_samples_per_prompt: int = 1, seed: int = 0):
+                 val_samples_per_prompt: int = 1, seed: int = 0,
+                 predict_prompts: Optional[Union[str, list[str]]] = None, predict_seeds: Optional[list[int]] = None):
         super().__init__()
+        self.predict_source, self.predict_seeds = predict_prompts, list(predict_seeds or [0, 1, 2, 3])
         self.prompt_source, self.val_source = prompts, val_prompts
         self.group_size, self.num_groups, self.spread_groups = group_size, num_groups, spread_groups
         self.val_batch_size, self.val_samples_per_prompt, self.seed = val_batch_size, val_samples_per_prompt, seed
@@ -207,6 +229,13 @@ class PromptDataModule(LightningDataModule):
             raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
 
     def setup(self, stage: str) -> None:
+        if stage == "predict":  # the training prompts may not be there (another folder, an exported run)
+            source = self.predict_source if self.predict_source is not None else self.val_source
+            if source is None:
+                raise ValueError("predict needs prompts: set data.predict_prompts (python -m flowrl predict "
+                                 "--prompts ... or --prompt_file FILE) or data.val_prompts")
+            self.predict_prompts = load_prompts(source)
+            return
         self.prompts = load_prompts(self.prompt_source)
         self.val_prompts = load_prompts(self.val_source) if self.val_source is not None else []
         world = self.trainer.world_size if self.trainer else 1
@@ -227,3 +256,8 @@ class PromptDataModule(LightningDataModule):
         world = self.trainer.world_size if self.trainer else 1
         return EvalLoader(eval_batches(self.val_prompts, self.val_samples_per_prompt, self.val_batch_size,
                                        10_000 * (self.seed + 1), rank, world))
+
+    def predict_dataloader(self) -> DataLoader:
+        # a DataLoader (not a plain iterable) so that Lightning tracks the rows each batch holds for prediction writers
+        return DataLoader(predict_rows(self.predict_prompts, self.predict_seeds), batch_size=self.val_batch_size,
+                          shuffle=False, collate_fn=collate_rows)

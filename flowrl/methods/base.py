@@ -225,3 +225,23 @@ class BaseModule(LightningModule):
         tallies = [self._tally(batch["prompts"], batch["seeds"]) for batch in batches]
         self.policy.train(was_training)
         return self._reduced_means(tallies)
+
+    # -- prediction (python -m flowrl predict) -------------------------------------------------------------
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """The images :meth:`generate` draws for ``batch["prompts"]`` from ``batch["seeds"]`` (deterministic ODE,
+        ``eval_num_steps`` steps, ``guidance_scale``), scored by every reward callback on the trainer.
+
+        Returns:
+            the batch's keys, plus ``images`` ``[B, 3, H, W]`` in [0, 1] on the CPU and ``rewards`` ``{name: [B]}``
+            (raw scores, NaN where a reward cannot read the prompt; empty without reward callbacks).
+        """
+        images = self.generate(batch["prompts"], batch["seeds"].to(self.device))
+        scores = {}
+        for reward in self.reward_set.callbacks:
+            try:
+                scores[reward.name] = reward.score(images, batch["prompts"]).detach().float().cpu()
+            except (ValueError, TypeError) as err:  # a prompt this reward cannot read: the images are still wanted
+                rank_zero_warn(f"reward {reward.name!r} cannot score these prompts, its scores are NaN: {err}")
+                scores[reward.name] = torch.full((len(batch["prompts"]),), torch.nan)
+        return {**batch, "images": images.float().cpu(), "rewards": scores}

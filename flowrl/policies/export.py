@@ -141,3 +141,20 @@ def main(args: Optional[list[str]] = None) -> None:
     print(f"flowrl export: LoRA weights -> {export_lora(policy, out, opts.adapter)}")
     if opts.merged:
         print(f"flowrl export: merged pipeline -> {export_pipeline(policy, out / 'merged', opts.adapter)}")
+
+
+def load_lora(policy: FlowPolicy, folder: str | Path, adapter: str = "exported") -> str:
+    """Loads LoRA weights that :func:`export_lora` wrote (or any diffusers LoRA folder for the policy's denoiser) as
+    the adapter ``adapter`` and makes it the active one; rank and alpha come from the file's metadata, so the
+    policy's own ``lora`` options need not match. Returns the adapter's name.
+
+    Raises:
+        FileNotFoundError: ``folder`` holds no ``pytorch_lora_weights.safetensors``.
+    """
+    weights = Path(folder) / "pytorch_lora_weights.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights} does not exist; pass a folder written by `python -m flowrl export`")
+    prefix = getattr(policy, "denoiser_name", "transformer")
+    policy.denoiser.load_lora_adapter(str(folder), weight_name=weights.name, prefix=prefix, adapter_name=adapter)
+    policy.denoiser.set_adapter(adapter)
+    return adapter
