@@ -3,8 +3,9 @@
 ``register(name)`` turns a core function ``fn(rewards, mask, group_ids, *, <inputs>, <options>)`` into the public
 estimator: it checks shapes and finiteness, checks that the optional inputs the function reads were passed,
 validates option values, computes in float64, broadcasts a ``[B]`` result over positions, applies ``clip`` and
-zeroes masked positions. Keyword-only parameters named after an optional input (``INPUTS``) are inputs; every other
-keyword-only parameter is an option, and its default is the estimator's default.
+zeroes masked positions. Keyword-only parameters named after an optional input (``INPUTS``) are inputs (required
+unless they default to None); every other keyword-only parameter is an option, and its default is the estimator's
+default.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ INPUTS = {
     "step_group_ids": "step_group_ids [B, T] int: step group or tree node of each position, scoped within its group",
     "stratum_ids": "stratum_ids [B] int: the stratum of each row (stratified_grpo)",
     "process_rewards": "process_rewards [B, T]: per-step process rewards, e.g. an implicit PRM (prime)",
+    "log_probs": "log_probs [B, T]: the sampled log-prob of each position (tree: path-probability node values)",
 }
-_SHAPES = {"values": 2, "baselines": 1, "step_group_ids": 2, "stratum_ids": 1, "process_rewards": 2}
+_SHAPES = {"values": 2, "baselines": 1, "step_group_ids": 2, "stratum_ids": 1, "process_rewards": 2,
+           "log_probs": 2}
 
 
 def _choice(*allowed) -> Callable[[Any], bool]:
@@ -47,6 +50,7 @@ _VALID: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gamma": (lambda v: v is None or _unit(v), "a number in [0, 1]"),
     "lam": (_unit, "a number in [0, 1]"),
     "among": (_choice("depth", "siblings"), "'depth' or 'siblings'"),
+    "value": (_choice("mean", "path_prob"), "'mean' (of the leaves below) or 'path_prob' (BranchGRPO's fusion)"),
     "alpha": (lambda v: isinstance(v, (int, float)), "a number"),
     "weight": (lambda v: isinstance(v, (int, float)), "a number"),
 }
@@ -89,6 +93,8 @@ def _check_inputs(name: str, fn: Estimator, rewards: Tensor, mask: Tensor, group
         raise ValueError("rewards contain NaN or inf at valid positions; mask those rows out first")
     for key in fn.inputs:
         x = inputs.get(key)
+        if x is None and key in fn.optional_inputs:
+            continue
         if x is None:
             raise ValueError(f"advantage estimator {name!r} needs {INPUTS[key]}; pass {key}=... to compute")
         if tuple(x.shape) != tuple(rewards.shape[:_SHAPES[key]]):
@@ -126,7 +132,8 @@ def register(name: str) -> Callable[[Estimator], Estimator]:
             if problems:
                 raise ValueError("; ".join(problems))
             mask = mask.bool()
-            inputs = {k: inputs[k].double() if inputs[k].is_floating_point() else inputs[k] for k in estimator.inputs}
+            inputs = {k: inputs[k].double() if inputs[k].is_floating_point() else inputs[k] for k in estimator.inputs
+                      if inputs.get(k) is not None}
             adv = fn(rewards.double(), mask, group_ids, **inputs, **kwargs)
             if adv.ndim == 1:
                 adv = adv[:, None].expand_as(mask)
@@ -136,6 +143,8 @@ def register(name: str) -> Callable[[Estimator], Estimator]:
             return torch.where(mask, adv, 0.0).to(out_dtype)  # where, not *: a NaN at padding must not leak
 
         estimator.inputs = tuple(p.name for p in keywords if p.name in INPUTS)
+        # an input with a default (None) is read only by some options, e.g. the tree's path-probability values
+        estimator.optional_inputs = tuple(p.name for p in keywords if p.name in INPUTS and p.default is not p.empty)
         estimator.options = {**{p.name: p.default for p in keywords if p.name not in INPUTS}, "clip": None}
         estimator.__signature__ = signature.replace(parameters=[*signature.parameters.values(), clip])
         _REGISTRY[name] = estimator

@@ -66,14 +66,45 @@ def _per_node(values: Tensor, nodes: Tensor, k: int) -> Tensor:
                                                                                    include_self=False)
 
 
+def path_prob_values(value: Tensor, parent: Tensor, depth: Tensor, edge_log_prob: Tensor,
+                     alpha: float = 1.0) -> Tensor:
+    """BranchGRPO's reward fusion: a node with children takes ``sum_c softmax_c(alpha * lp_c) V(c)`` over its children
+    ``c`` (``lp_c`` the log-prob of the edge into ``c``), from the deepest nodes up; a leaf keeps ``value``.
+
+    Args:
+        value, parent, depth, edge_log_prob: ``[K]`` per node (``parent`` -1 for a root).
+
+    >>> v = path_prob_values(torch.tensor([0.0, 1.0, 3.0]), torch.tensor([-1, 0, 0]), torch.tensor([0, 1, 1]),
+    ...                      torch.tensor([0.0, 0.0, float(torch.tensor(3.0).log())]))
+    >>> round(v[0].item(), 4)  # weights 1/4 and 3/4: 0.25 * 1 + 0.75 * 3
+    2.5
+    """
+    fused = value.clone()
+    for d in range(int(depth.max()), 0, -1):
+        child = (depth == d) & (parent >= 0)
+        if not child.any():
+            continue
+        p, logit = parent[child], alpha * edge_log_prob[child]
+        top = torch.full_like(value, float("-inf")).scatter_reduce(0, p, logit, "amax", include_self=True)
+        w = (logit - top[p]).exp()
+        total = torch.zeros_like(value).scatter_add(0, p, w)
+        has = torch.zeros_like(value, dtype=torch.bool).scatter(0, p, True)
+        fused = torch.where(has, torch.zeros_like(value).scatter_add(0, p, w / total[p] * fused[child]), fused)
+    return fused
+
+
 @register("tree")
-def tree(rewards: Tensor, mask: Tensor, group_ids: Tensor, *, step_group_ids: Tensor, among: str = "depth",
-         eps: float = 1e-6, ddof: int = 1, std_scope: str = "group", singleton: str = "zero") -> Tensor:
+def tree(rewards: Tensor, mask: Tensor, group_ids: Tensor, *, step_group_ids: Tensor, log_probs: Tensor = None,
+         among: str = "depth", value: str = "mean", alpha: float = 1.0, eps: float = 1e-6, ddof: int = 1,
+         std_scope: str = "group", singleton: str = "zero") -> Tensor:
     """Node-value advantage: ``A[i, t] = (V(n) - mean V(n')) / (std + eps)`` over the nodes ``n'`` compared to n.
 
     Args:
         step_group_ids: ``[B, T]`` int tree node of each position (within its group).
+        log_probs: ``[B, T]`` the sampled log-prob of each position; read by ``value="path_prob"`` only.
         among: ``depth`` (all nodes of the group at n's depth) or ``siblings`` (nodes sharing n's parent).
+        value: ``mean`` (the mean outcome of the leaves below) or ``path_prob`` (BranchGRPO's fusion: each node the
+            ``softmax(alpha * edge log-prob)``-weighted value of its children, :func:`path_prob_values`).
         std_scope: ``group`` (the compared nodes), ``batch`` (all nodes at n's depth in the batch), ``global``
             (all nodes), ``none`` (``V(n) - mean``: SPO's value difference). Means and stds count each node once.
         singleton: what a node with nothing to compare to gets (an unbranched shared prefix; an only child):
@@ -91,9 +122,16 @@ def tree(rewards: Tensor, mask: Tensor, group_ids: Tensor, *, step_group_ids: Te
     s = scores(rewards, mask)
     # each row counts once per node, however many steps it spends there
     node, row = torch.unique(torch.stack([nodes["node"], nodes["rows"]], dim=1), dim=0).unbind(1)
-    value = _per_node(group_stats(s[row], node)[0], node, nodes["parent"].shape[0])  # [K] mean leaf outcome
+    values = _per_node(group_stats(s[row], node)[0], node, nodes["parent"].shape[0])  # [K] mean leaf outcome
+    if value == "path_prob":
+        if log_probs is None:
+            raise ValueError("tree with value='path_prob' needs log_probs [B, T] (the sampled log-prob per position)")
+        first = torch.full_like(values, len(nodes["node"]), dtype=torch.long).scatter_reduce(
+            0, nodes["node"], torch.arange(len(nodes["node"]), device=values.device), "amin")  # a node's first position
+        edge = log_probs[nodes["rows"][first], nodes["steps"][first]].to(values.dtype)
+        values = path_prob_values(values, nodes["parent"], nodes["depth"], edge, alpha)
     # the root parent (-1) is shared by every group, hence the group in the key
     keys = torch.stack([nodes["group"], nodes["parent" if among == "siblings" else "depth"]], dim=1)
-    adv = normalize(value, keys, std_scope=std_scope, eps=eps, ddof=ddof, singleton=singleton,
+    adv = normalize(values, keys, std_scope=std_scope, eps=eps, ddof=ddof, singleton=singleton,
                     batch_keys=nodes["depth"])
     return at_positions(adv[nodes["node"]], mask, nodes["rows"], nodes["steps"])

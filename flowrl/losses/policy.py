@@ -33,6 +33,9 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dual_clip": (lambda v: v is None or v > 1, "null (off) or a number > 1 (verl's clip_ratio_c is 3.0)"),
     "tau_pos": (lambda v: v > 0, "a number > 0"),
     "tau_neg": (lambda v: v > 0, "a number > 0"),
+    "clip_eta": (lambda v: v is None or v >= 0, "null (off) or a number >= 0"),
+    "clip_bounds": (lambda v: v is None or (len(v) == 2 and 0 <= v[0] <= v[1]),
+                    "null or [low, high] with 0 <= low <= high"),
 }
 _MAX_LOG_RATIO = 20.0  # as verl: keeps exp finite on stale samples
 
@@ -82,9 +85,9 @@ def policy_loss_options(name: str) -> dict[str, Any]:
 def check_policy_loss(name: str, **options: Any) -> None:
     """Raise ``ValueError`` naming every unknown loss, unknown option and out-of-range value (no tensors needed).
 
-    >>> check_policy_loss("vanilla", clip_hihg=0.28)
+    >>> check_policy_loss("vanilla", clip_hihg=0.28)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: policy loss 'vanilla' has no option 'clip_hihg'; its options: ['clip_high', 'clip_low', 'dual_clip']
+    ValueError: policy loss 'vanilla' has no option 'clip_hihg'; its options: [..., 'clip_high', 'clip_low', 'dual_clip']
     """
     accepted = policy_loss_options(name)
     problems = []
@@ -185,12 +188,22 @@ def _clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float,
 
 @register_policy_loss("vanilla")
 def vanilla(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float = 0.2,
-            clip_high: Optional[float] = None, dual_clip: Optional[float] = None) -> tuple[Tensor, dict[str, Tensor]]:
+            clip_high: Optional[float] = None, dual_clip: Optional[float] = None, clip_eta: Optional[float] = None,
+            clip_bounds: Optional[tuple[float, float]] = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clip (arXiv 1707.06347): ``max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``, then for ``A < 0`` and
     ``dual_clip = c``: ``min(that, -A c)`` (dual-clip PPO, arXiv 1912.09729). ``clip_high > clip_low`` is DAPO's
     clip-higher (arXiv 2503.14476, 0.28 vs 0.2). verl ``compute_policy_loss_vanilla`` always applies the dual clip
     (``clip_ratio_c = 3.0``); here it is off unless set, as in flow_grpo and TRL. verl reports the dual-clip
     fraction as ``pg_clipfrac_lower``; here that is ``dual_clip_frac``.
+
+    ``clip_eta = eta`` makes the clip reward-conditioned (Dynamic-TreeRPO, arXiv 2509.23352, Eq. 11, as its
+    reviews describe it; no public code): each position's range is ``clamp(eps (1 + eta |A|), *clip_bounds)`` with
+    ``eps`` its ``clip_low`` / ``clip_high``, so a large advantage may move its ratio further.
+
+    >>> loss, m = vanilla(torch.tensor([[0.5]]).log1p(), torch.zeros(1, 1), torch.full((1, 1), 2.0),
+    ...                   torch.ones(1, 1, dtype=torch.bool), clip_low=0.1, clip_eta=1.0, clip_bounds=(0.0, 0.25))
+    >>> round(loss.item(), 4)  # eps = clamp(0.1 * (1 + 2), 0, 0.25) = 0.25: r = 1.5 clipped to 1.25, -2 * 1.25
+    -2.5
 
     >>> loss, m = vanilla(torch.tensor([[1.5e-4]]).log1p(), torch.zeros(1, 1), torch.ones(1, 1),
     ...                   torch.ones(1, 1, dtype=torch.bool), clip_low=1e-4)
@@ -198,6 +211,11 @@ def vanilla(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Te
     (-1.0001, 1.0)
     """
     log_ratio, ratio = _ratio(log_prob, old_log_prob)
+    if clip_eta is not None:
+        factor = 1.0 + clip_eta * advantages.detach().abs()
+        low_bound, high_bound = clip_bounds or (0.0, float("inf"))
+        clip_low, clip_high = ((eps * factor).clamp(low_bound, high_bound)
+                               for eps in (clip_low, clip_low if clip_high is None else clip_high))
     loss, high, low = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
     dual = None
     if dual_clip is not None:

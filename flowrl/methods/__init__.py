@@ -25,9 +25,16 @@ Data flow of one training step (``PolicyGradient.training_step``)::
 """
 
 from flowrl.methods.base import BaseModule
+from flowrl.methods.branch_grpo import BranchGRPO
 from flowrl.methods.dense_grpo import DenseGRPO
+from flowrl.methods.diffusion_nft import DiffusionNFT
 from flowrl.methods.flow_grpo import FlowGRPO
 from flowrl.methods.policy_gradient import PolicyGradient
+from flowrl.methods.tdm_r1 import TDMR1
+from flowrl.methods.tempflow_grpo import TempFlowGRPO
 from flowrl.methods.tp_grpo import TPGRPO
+from flowrl.methods.tree_method import TreeMethod
+from flowrl.methods.tree_rpo import TreeRPO
 
-__all__ = ["BaseModule", "DenseGRPO", "FlowGRPO", "PolicyGradient", "TPGRPO"]
+__all__ = ["BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FlowGRPO", "PolicyGradient", "TDMR1", "TPGRPO",
+           "TempFlowGRPO", "TreeMethod", "TreeRPO"]

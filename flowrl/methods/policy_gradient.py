@@ -148,9 +148,14 @@ class PolicyGradient(BaseModule):
         as its ``step_group_ids``."""
         extra = {} if batch.node_ids is None else {"step_group_ids": batch.node_ids[valid]}  # read by `tree`
         out = torch.zeros_like(rewards)
-        out[valid] = adv_lib.compute(self.advantage, rewards[valid], batch.train_mask[valid], batch.group_ids[valid],
+        out[valid] = adv_lib.compute(self.advantage, rewards[valid], batch.train_mask[valid],
+                                     self.advantage_groups(batch)[valid], log_probs=batch.log_probs[valid],
                                      **self.advantage_options, **extra)
         return out
+
+    def advantage_groups(self, batch: Rollout) -> Tensor:
+        """The group id of each row, among which advantages are normalised (default: the prompt's group)."""
+        return batch.group_ids
 
     def loss_weights(self, batch: Rollout) -> Tensor:
         """Per (row, step) loss weights ``[B, T]``."""
@@ -162,9 +167,9 @@ class PolicyGradient(BaseModule):
         """The sampler step of ``pairs [P, 2]`` (row, step) from its recorded latents, with the policy's velocity
         (the reference's inside ``policy.reference()``): its mean, std and the log-prob of the recorded next latent."""
         b, k = pairs[:, 0], pairs[:, 1]
-        z, sigma = rollout.latents[b, k], rollout.sigmas[b, k]
+        z, sigma = rollout.states(b, k), rollout.sigmas[b, k]
         velocity = self.policy.velocity(z, sigma, cond.select(rollout.cond_rows[b]), self.guidance_scale)
-        return get_step(self.step_kind)(z, velocity, sigma, rollout.sigmas[b, k + 1], z_next=rollout.latents[b, k + 1],
+        return get_step(self.step_kind)(z, velocity, sigma, rollout.sigmas[b, k + 1], z_next=rollout.states(b, k + 1),
                                         noise_level=self.noise_levels().to(self.device)[k])
 
     def training_step(self, batch: dict, batch_idx: int) -> dict:
@@ -192,7 +197,8 @@ class PolicyGradient(BaseModule):
         raw_total = self.reward_set.total(rollout.rewards)[0]
         self._log_step(rollout, raw_total, valid[mine], advantages[mine], metrics, sampling_s)
         return {"images": rollout.images, "prompts": rollout.prompts, "rewards": total[mine], "seeds": rollout.seeds,
-                "group_ids": rollout.group_ids, "advantages": advantages[mine], "scores": rollout.rewards}
+                "group_ids": rollout.group_ids, "advantages": advantages[mine], "scores": rollout.rewards,
+                "node_ids": rollout.node_ids}
 
     def gathered(self, rollout: Rollout, sizes: list[int]) -> Rollout:
         """The rollout's per-row fields (no latents, images or prompts) from every rank, in rank order."""
@@ -212,7 +218,7 @@ class PolicyGradient(BaseModule):
             chunk = {k: v[rows] if isinstance(v, (list, Tensor)) else v for k, v in batch.items()}
             chunk["cond_rows"] = torch.arange(rows.start, rows.stop, device=self.device)
             part = self.rollout(chunk, cond)
-            part.images = self.policy.decode(part.latents[:, -1])
+            part.images = self.policy.decode(part.final())
             pending.append(self.reward_set.submit(part.images, part.prompts,
                                                   {"group_ids": part.group_ids, "seeds": part.seeds}))
             parts.append(part)
@@ -235,8 +241,10 @@ class PolicyGradient(BaseModule):
         log("train/advantage/std", trained.std() if trained.numel() > 1 else torch.zeros(()))
         for key, value in metrics.items():
             log(f"train/{key}", value)
-        nfe = float(rollout.nfe.sum()) / size  # mean model evaluations per row
+        nfe = float(rollout.nfe.sum()) / size  # mean model evaluations per row (a tree's leaf: its share)
         log("rollout/nfe", nfe)
+        # the batch's model evaluations over every rank: the compute budget methods are compared at
+        log("rollout/evaluations", rollout.nfe.sum().float(), reduce_fx="sum", sync_dist=True)
         transitions = int(rollout.train_mask.sum())  # the batch's evaluations per transition the loss trains
         log("rollout/nfe_per_trained_step", float(rollout.nfe.sum()) / transitions if transitions else float("nan"))
         log("rollout/samples_per_s", size / max(sampling_s, 1e-9))

@@ -3,7 +3,9 @@
 Shape contract (``B`` rows, ``T`` steps; a row is one trajectory from noise to sample, i.e. one root-to-leaf path of
 a tree):
 
-- ``latents [B, T+1, ...]`` the states, noise at index 0; ``log_probs [B, T]`` of each transition (0 on ODE steps);
+- ``latents [B, T+1, ...]`` the states, noise at index 0 (tree methods keep each unique state once instead:
+  ``node_latents [N, ...]`` and ``state_index [B, T+1]`` into it, -1 for states inside ODE completions;
+  :meth:`Rollout.states` and :meth:`Rollout.final` read either); ``log_probs [B, T]`` of each transition (0 on ODE steps);
   ``sigmas [B, T+1]``; ``train_mask [B, T]`` the transitions the loss trains.
 - ``cond_rows [B]`` the row of the batch's encoded prompts that conditions each rollout row, so rows may outnumber
   prompts and come in any order (default: row ``i`` by prompt ``i``); ``prompts``, ``group_ids``, ``seeds`` ``[B]`` per row.
@@ -43,10 +45,28 @@ class Rollout:
     completion_rewards: Optional[Tensor] = None
     node_ids: Optional[Tensor] = None
     nfe: Optional[Tensor] = None
+    node_latents: Optional[Tensor] = None
+    state_index: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         if self.cond_rows is None:  # row i is conditioned by the batch's prompt i
             self.cond_rows = torch.arange(self.log_probs.shape[0], device=self.log_probs.device)
+
+    def states(self, rows: Tensor, steps: Tensor) -> Tensor:
+        """The states ``[P, ...]`` of ``rows`` at ``steps``, from the dense ``latents`` or, for trees, from the
+        unique ``node_latents`` through ``state_index``."""
+        if self.latents is not None:
+            return self.latents[rows, steps]
+        index = self.state_index[rows, steps]
+        if (index < 0).any():
+            raise ValueError("a state that the tree sampler did not keep (inside an ODE completion) was asked for")
+        return self.node_latents[index.to(self.node_latents.device)]
+
+    def final(self) -> Tensor:
+        """The clean latent of every row ``[B, ...]``."""
+        if self.latents is not None:
+            return self.latents[:, -1]
+        return self.states(torch.arange(self.batch_size), torch.full((self.batch_size,), self.num_steps))
 
     @property
     def num_steps(self) -> int:
@@ -113,7 +133,12 @@ class Rollout:
                 return {key: torch.cat([v[key] for v in values]) for key in values[0]}
             return torch.cat(values) if torch.is_tensor(values[0]) else [x for v in values for x in v]
 
-        return cls(**{f.name: join([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+        joined = cls(**{f.name: join([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+        if parts[0].state_index is not None:  # each part indexes its own node_latents: offset them
+            offsets = torch.tensor([0, *[len(p.node_latents) for p in parts[:-1]]]).cumsum(0)
+            joined.state_index = torch.cat([torch.where(p.state_index >= 0, p.state_index + int(o), -1)
+                                            for p, o in zip(parts, offsets)])
+        return joined
 
 
 def _carry(entered: Tensor, new: Tensor) -> Tensor:

@@ -13,7 +13,8 @@ class DumpOutputs(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.out.mkdir(parents=True, exist_ok=True)
-        rows = {k: outputs[k].cpu() for k in ("seeds", "group_ids", "advantages", "rewards")}
+        rows = {k: outputs[k].cpu() for k in ("seeds", "group_ids", "advantages", "rewards", "node_ids")
+                if outputs.get(k) is not None}
         torch.save(rows, self.out / f"step{trainer.fit_loop.total_batch_idx}_rank{trainer.global_rank}.pt")
 
     def on_fit_end(self, trainer, pl_module):

@@ -23,6 +23,11 @@ CONFIGS = {  # shrunk for CI (fewer steps, one calibration iteration); every oth
     "tiny_dense_grpo.yaml": ["--model.init_args.num_steps=4", "--model.init_args.calibration.iterations=1",
                              "--model.init_args.calibration.samples=8"],
     "tiny_tp_grpo.yaml": ["--model.init_args.num_steps=4", "--model.init_args.window_size=3"],
+    "tiny_tempflow_grpo.yaml": ["--model.init_args.num_steps=4", "--model.init_args.branches=3",
+                                "--data.num_groups=2"],
+    "tiny_tree_rpo.yaml": ["--model.init_args.num_steps=4", "--model.init_args.window_size=2", "--data.num_groups=2"],
+    "tiny_branch_grpo.yaml": ["--model.init_args.num_steps=4", "--model.init_args.split_steps=[0, 2]",
+                              "--data.num_groups=2"],
 }
 
 

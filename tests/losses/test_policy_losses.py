@@ -144,3 +144,18 @@ def test_unknown_names_and_options_fail_clearly():
     with pytest.raises(ValueError, match="must share one"):
         losses.policy_loss("vanilla", x, torch.zeros(1, 2), x, mask)
     assert losses.available_policy_losses() == ["cispo", "gpg", "gspo", "sapo", "vanilla"]
+
+
+def test_reward_conditioned_clip_widens_with_the_advantage_within_its_bounds():
+    # Dynamic-TreeRPO's eps(A) = clamp(eps (1 + eta |A|), low, high), eps = clip_low = 0.1, eta = 0.5
+    log_prob = torch.tensor([[0.3, 0.3, -0.3]]).log1p()  # r = 1.3, 1.3, 0.7
+    advantages = torch.tensor([[1.0, 4.0, -4.0]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    loss, metrics = losses.policy_loss("vanilla", log_prob, torch.zeros(1, 3), advantages, mask, clip_low=0.1,
+                                       clip_eta=0.5,
+                                       clip_bounds=[0.05, 0.25])
+    # eps: 0.1 * 1.5 = 0.15 -> r clipped to 1.15; 0.1 * 3 = 0.3 -> bound 0.25: 1.25; A < 0: r clipped up to 0.75
+    assert torch.allclose(loss, torch.tensor([[-1.15, -4 * 1.25, 4 * 0.75]]), atol=1e-5)
+    assert metrics["clip_frac"].item() == 1.0
+    fixed, _ = losses.policy_loss("vanilla", log_prob, torch.zeros(1, 3), advantages, mask, clip_low=0.1)
+    assert torch.allclose(fixed, torch.tensor([[-1.1, -4 * 1.1, 4 * 0.9]]), atol=1e-5)  # off by default

@@ -1,0 +1,144 @@
+"""BranchGRPO (arXiv 2509.06040): SDE trajectories that split at a few steps into a tree, with depth-wise credit.
+
+As the authors' ``fastvideo/train_branchgrpo_flux.py``: every node splits into ``B`` children (2) at the split
+steps (their script: 0, 3, 6, 9 of 20 steps; 16 leaves), the SDE runs on every step, and a split step's noise is
+scaled by ``split_noise_scale`` (4.0). Leaf rewards are fused upward (``value: mean`` of the leaves below, or
+``path_prob``: each node the softmax(child edge log-prob)-weighted value of its children, their
+``tree_prob_weighted``), and each edge's advantage is its child node's value normalised among the nodes of its depth
+in the tree (``among: depth``, unbiased std, +1e-8, as their ``compute_hierarchical_advantages_by_depth``).
+
+Deviations: the authors draw a split child's noise ``split_noise_scale`` times wider but compute its log-prob with
+the unscaled std; here the scaled std is the policy's at that step in sampling and training alike, so ratios start
+at 1. Their zeroing of a depth whose std is below 1e-6 is approximated by the +1e-8.
+
+Pruning (the forward rollout is never pruned, only backward passes): ``width_pruning: best_per_branch`` trains the
+edges of the best leaf below each last split (their mode 1), ``extremes`` those of the ``width_pruning_count`` best
+and worst leaves of each tree (their mode 2); ``depth_pruning`` lists steps not trained. ``mix_window = n``
+(BranchGRPO-Mix) keeps the SDE on each split step and the ``n - 1`` steps after it, the ODE elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from flowrl.methods.tree_method import TreeMethod, tree_problems
+from flowrl.policies.base import FlowPolicy
+from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.sampler import trained_steps
+from flowrl.sampling.tree import TreeShape
+
+BRANCH_ADVANTAGE_OPTIONS: dict[str, Any] = {"among": "depth", "value": "mean", "eps": 1e-8, "ddof": 1}
+WIDTH_PRUNING = ("none", "best_per_branch", "extremes")
+
+
+def split_steps_of(num_steps: int, split_steps: Optional[list[int]]) -> list[int]:
+    """``split_steps``, or 4 evenly spaced from step 0 (the authors' 0, 3, 6, 9 of 20 scaled to ``T``: ``i T // 5``).
+
+    >>> split_steps_of(20, None), split_steps_of(10, None), split_steps_of(10, [6, 0])
+    ([0, 4, 8, 12], [0, 2, 4, 6], [0, 6])
+    """
+    return sorted(split_steps) if split_steps is not None else [i * num_steps // 5 for i in range(4)]
+
+def branch_problems(split_steps: Optional[list[int]] = None, branches: int = 2, split_noise_scale: float = 4.0,
+                    width_pruning: str = "none", width_pruning_count: int = 1, mix_window: Optional[int] = None,
+                    num_steps: int = 10, **tree: Any) -> list[str]:
+    """Problems with BranchGRPO's options and the tree layer's (before any weight loads)."""
+    problems = tree_problems(num_steps=num_steps, **tree)
+    splits = split_steps_of(num_steps, split_steps)
+    if not splits or splits[0] < 0 or splits[-1] >= num_steps or len(set(splits)) != len(splits):
+        problems.append(f"model.split_steps={splits}: distinct steps in [0, {num_steps})")
+    if branches < 2 or split_noise_scale <= 0 or width_pruning_count < 1 or (mix_window or 1) < 1:
+        problems.append(f"model.branches={branches} must be >= 2, split_noise_scale={split_noise_scale} > 0, "
+                        f"width_pruning_count={width_pruning_count} >= 1, mix_window={mix_window} >= 1 or null")
+    if width_pruning not in WIDTH_PRUNING:
+        problems.append(f"model.width_pruning={width_pruning!r}: choose one of {WIDTH_PRUNING}")
+    return problems
+
+
+class BranchGRPO(TreeMethod):
+    """BranchGRPO. Options beyond the tree layer's (:class:`~flowrl.methods.tree_method.TreeMethod`):
+
+    Args:
+        split_steps: the steps at which every node splits (None: 4 evenly spaced from step 0, as 0, 3, 6, 9 of 20).
+        branches: ``B``, children per split.
+        split_noise_scale: the noise level's multiplier on a split step.
+        width_pruning: ``none``, ``best_per_branch`` or ``extremes`` (which leaves' edges are trained).
+        width_pruning_count: leaves kept at each end with ``extremes``.
+        depth_pruning: steps whose edges are not trained.
+        mix_window: SDE on each split step and the next ``mix_window - 1`` steps, ODE elsewhere (None: SDE always).
+        advantage: default ``tree``.
+        advantage_options: None means :data:`BRANCH_ADVANTAGE_OPTIONS` (``value: path_prob`` for the fusion).
+    """
+
+    option_problems = staticmethod(branch_problems)  # the CLI checks a config with it before loading weights
+
+    def __init__(self, policy: FlowPolicy, split_steps: Optional[list[int]] = None, branches: int = 2,
+                 split_noise_scale: float = 4.0, width_pruning: str = "none", width_pruning_count: int = 1,
+                 depth_pruning: Optional[list[int]] = None, mix_window: Optional[int] = None,
+                 advantage: str = "tree", advantage_options: Optional[dict[str, Any]] = None,
+                 step_kind: str = "dance", noise_level: float = 0.3, **kwargs: Any):
+        if problems := branch_problems(split_steps=split_steps, branches=branches,
+                                       split_noise_scale=split_noise_scale, width_pruning=width_pruning,
+                                       width_pruning_count=width_pruning_count, mix_window=mix_window,
+                                       step_kind=step_kind, noise_level=noise_level, **kwargs):
+            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
+        splits = split_steps_of(kwargs.get("num_steps", 10), split_steps)
+        if advantage_options is None and advantage == "tree":
+            advantage_options = dict(BRANCH_ADVANTAGE_OPTIONS)
+        super().__init__(policy, advantage=advantage, advantage_options=advantage_options, step_kind=step_kind,
+                         noise_level=noise_level, **kwargs)
+        self.split_steps, self.branches, self.split_noise_scale = splits, branches, split_noise_scale
+        self.width_pruning, self.width_pruning_count = width_pruning, width_pruning_count
+        self.depth_pruning, self.mix_window = sorted(depth_pruning or []), mix_window
+
+    def tree_shape(self) -> TreeShape:
+        T = self.num_steps
+        sde = [True] * T if self.mix_window is None else [
+            any(s <= k < s + self.mix_window for s in self.split_steps) for k in range(T)]
+        return TreeShape(splits=tuple(self.branches if k in self.split_steps else 1 for k in range(T)),
+                         sde=tuple(sde), side=(0,) * T, stop=T,
+                         noise_scale=tuple(self.split_noise_scale if k in self.split_steps else 1.0 for k in range(T)))
+
+    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+        """Every stochastic step but the ``depth_pruning`` ones."""
+        mask = trained_steps(sde_mask, 1.0, sigmas, self.step_kind)
+        mask[self.depth_pruning] = False
+        return mask
+
+    def loss_weights(self, batch: Rollout) -> Tensor:
+        """1 on the edges of the leaves width pruning keeps (an edge shared with a kept leaf is kept), 0 elsewhere."""
+        weights = torch.ones_like(batch.log_probs)
+        if self.width_pruning == "none":
+            return weights
+        total, valid = self.reward_set.total(batch.rewards)
+        last = max(self.split_steps)  # leaves are grouped by the node they split from at the last split
+        kept = kept_leaves(self.width_pruning, torch.where(valid, total, -torch.inf), batch.seeds,
+                           batch.node_ids[:, last - 1] if last > 0 else batch.seeds, self.width_pruning_count)
+        steps = torch.arange(batch.num_steps, device=weights.device).expand_as(batch.node_ids)
+        edges = torch.stack([batch.node_ids, steps], -1)  # an edge: (node, step)
+        kept_edges = {tuple(e) for e in edges[kept].reshape(-1, 2).tolist()}
+        keep = torch.tensor([[tuple(e) in kept_edges for e in row] for row in edges.tolist()], device=weights.device)
+        return weights * keep
+
+
+def kept_leaves(mode: str, reward: Tensor, tree: Tensor, last_split: Tensor, count: int = 1) -> Tensor:
+    """``[L]`` bool: the leaves whose edges width pruning keeps. ``best_per_branch``: the best leaf of each node of
+    the last split (``last_split [L]``: the node each leaf is in after it); ``extremes``: the ``count`` best and
+    worst leaves of each ``tree``.
+
+    >>> r = torch.tensor([0.1, 0.9, 0.5, 0.3]); trees = torch.zeros(4).long()
+    >>> kept_leaves("best_per_branch", r, trees, torch.tensor([7, 7, 8, 8])).tolist()
+    [False, True, True, False]
+    >>> kept_leaves("extremes", r, trees, torch.tensor([7, 7, 8, 8])).tolist()
+    [True, True, False, False]
+    """
+    keep = torch.zeros_like(reward, dtype=torch.bool)
+    groups = last_split if mode == "best_per_branch" else tree
+    for g in groups.unique():
+        rows = (groups == g).nonzero().flatten()
+        order = rows[reward[rows].argsort(descending=True)]
+        keep[order[:1] if mode == "best_per_branch" else torch.cat([order[:count], order[-count:]])] = True
+    return keep

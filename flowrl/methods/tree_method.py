@@ -1,0 +1,93 @@
+"""Policy gradient on tree rollouts: the layer TempFlow-GRPO, Dynamic-TreeRPO and BranchGRPO share.
+
+A method declares its :class:`~flowrl.sampling.tree.TreeShape` (``tree_shape``); the rollout samples one tree per
+batch row with :func:`~flowrl.sampling.tree.sample_trees` (every shared prefix computed once, each unique state
+stored once) and records one row per leaf: the tree's prompt, group and seed, its node ids, its transitions'
+log-probs and which were stochastic. The loop scores the leaves, the hooks see the gathered leaves, and every edge
+is trained once however many leaves sit below it (``Rollout.trained_once``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from flowrl.methods.options import policy_gradient_problems
+from flowrl.methods.policy_gradient import PolicyGradient
+from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.tree import TreeShape, sample_trees
+
+
+def tree_problems(completion_steps: Optional[int] = None, tree_chunk_size: Optional[int] = None,
+                  advantage_group: str = "tree", **loop: Any) -> list[str]:
+    """Problems with the tree layer's options and the loop's, each naming the key and the fix (before weights load).
+
+    >>> tree_problems(advantage_group="seed", tree_chunk_size=0)  # doctest: +NORMALIZE_WHITESPACE
+    ['model.tree_chunk_size=0 must be >= 1 (or null)', "model.advantage_group='seed': choose 'tree' or 'prompt'"]
+    """
+    problems = policy_gradient_problems(**loop)
+    problems += [f"model.{key}={value} must be >= 1 (or null)" for key, value in (
+        ("completion_steps", completion_steps), ("tree_chunk_size", tree_chunk_size)) if value is not None and value < 1]
+    if advantage_group not in ("tree", "prompt"):
+        problems.append(f"model.advantage_group={advantage_group!r}: choose 'tree' or 'prompt'")
+    return problems
+
+
+class TreeMethod(PolicyGradient):
+    """Options beyond the loop's (:class:`~flowrl.methods.policy_gradient.PolicyGradient`):
+
+    Args:
+        completion_steps: Euler steps of each leaf's ODE completion (None: the remaining schedule).
+        tree_chunk_size: at most this many nodes or completions per model call (memory); None: a whole depth.
+        advantage_group: normalise advantages among the leaves of one ``tree`` (one seed) or of the ``prompt``'s
+            group (all its trees).
+    """
+
+    option_problems = staticmethod(tree_problems)  # the CLI checks a config with it before loading weights
+    min_group_size = 1  # a tree's leaves form groups of their own (advantage_group: tree)
+
+    def __init__(self, policy: FlowPolicy, completion_steps: Optional[int] = None,
+                 tree_chunk_size: Optional[int] = None, advantage_group: str = "tree", **kwargs: Any):
+        if problems := tree_problems(completion_steps=completion_steps, tree_chunk_size=tree_chunk_size,
+                                                  advantage_group=advantage_group, policy=policy, **kwargs):
+            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
+        super().__init__(policy, **kwargs)
+        self.completion_steps, self.tree_chunk_size = completion_steps, tree_chunk_size
+        self.advantage_group = advantage_group
+
+    def tree_shape(self) -> TreeShape:
+        """What each step does to every frontier node (the one hook a tree method must declare)."""
+        raise NotImplementedError
+
+    def noise_levels(self) -> Tensor:
+        """The SDE's noise level of each step, times the tree's noise scale there (what sampling and training use)."""
+        return super().noise_levels() * torch.tensor(self.tree_shape().noise_scale)
+
+    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
+        """One tree per batch row; one rollout row per leaf (rows outnumber prompts)."""
+        sigmas = self.policy.sigmas(self.num_steps).to(self.device)
+        seeds = batch["seeds"]
+        cond_rows = batch.get("cond_rows", torch.arange(len(seeds), device=self.device))
+
+        def velocity(z, sigma, trees):  # `trees` index the batch rows; each carries its conditioning row
+            return self.policy.velocity(z, sigma, cond.select(cond_rows[trees.to(cond_rows.device)]),
+                                        self.guidance_scale)
+
+        shape = self.tree_shape()
+        trees = sample_trees(velocity, seeds, self.policy.latent_shape(), sigmas, shape, self.step_kind,
+                             super().noise_levels(), self.completion_steps, self.tree_chunk_size, self.device)
+        leaf = trees.tree.to(seeds.device)
+        steps = self.trained_steps(torch.ones(self.num_steps, dtype=torch.bool), sigmas.cpu())  # [T] step filter
+        return Rollout(prompts=[batch["prompts"][i] for i in leaf.tolist()], group_ids=batch["group_ids"][leaf],
+                       seeds=seeds[leaf], latents=None, log_probs=trees.log_probs.to(self.device),
+                       sigmas=sigmas.expand(len(leaf), -1), cond_rows=cond_rows[leaf.to(cond_rows.device)],
+                       train_mask=(trees.sde_mask & steps).to(self.device), node_ids=trees.node_ids.to(self.device),
+                       nfe=trees.nfe.to(self.device), node_latents=trees.node_latents,
+                       state_index=trees.state_index)
+
+    def advantage_groups(self, batch: Rollout) -> Tensor:
+        """The rows an advantage is normalised among: ``tree`` (the seed: one tree) or ``prompt`` (its group)."""
+        return batch.seeds if self.advantage_group == "tree" else batch.group_ids
