@@ -120,7 +120,8 @@ class ImageWriter(BasePredictionWriter):
         how = ", ".join(f"{label} {value:g}" for label, value in (
             ("ODE steps", getattr(pl_module, "eval_num_steps", None)),
             ("guidance", getattr(pl_module, "guidance_scale", None))) if value is not None)
-        lines = [f"flowrl predict: {len(self.records)} images of {prompts} prompts ({how}) -> {self.folder}",
+        plural = "s" if prompts > 1 else ""
+        lines = [f"flowrl predict: {len(self.records)} images of {prompts} prompt{plural} ({how}) -> {self.folder}",
                  f"  grid:    {self.folder / 'grid.png'}", f"  scores:  {self.folder / 'scores.csv'}"]
         for name in names:
             values = [r[name] for r in self.records if math.isfinite(r[name])]

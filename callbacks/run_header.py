@@ -81,8 +81,8 @@ class RunHeader(Callback):
             self.lines = self.header(trainer, pl_module)
             print("\n".join(self.lines), flush=True)
         if stuck := train_behaviour_in_eval(pl_module):
-            rank_zero_warn(f"{len(stuck)} dropout or batch-norm module(s) in a trained part are in eval mode and act as "
-                           f"at inference ({', '.join(stuck[:3])}); call .train() on them in the policy if that is "
+            rank_zero_warn(f"{len(stuck)} dropout or batch-norm module(s) in a trained part are in eval mode and act "
+                           f"as at inference ({', '.join(stuck[:3])}); call .train() on them in the policy if that is "
                            "not meant")
 
     def header(self, trainer, pl_module) -> list[str]:
@@ -131,7 +131,9 @@ class RunHeader(Callback):
             every = trainer.val_check_interval
             when = f"every {every} batches" if isinstance(every, int) else "each epoch"
             ode = getattr(pl_module, "eval_num_steps", None)
-            length += (f"; validation on {len(val)} prompts x {getattr(data, 'val_samples_per_prompt', 1)} seeds"
+            seeds = getattr(data, "val_samples_per_prompt", 1)
+            length += (f"; validation on {len(val)} prompt{'s' if len(val) > 1 else ''} x {seeds} seed"
+                       f"{'s' if seeds > 1 else ''}"
                        + (f" ({ode}-step ODE)" if ode else "") + f" {when}")
         lines.append(f"  run:         {length}")
         return lines

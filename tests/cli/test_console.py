@@ -39,7 +39,8 @@ import flowrl.cli
 warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
 warnings.warn("torch.distributed.nn.functional.all_gather is deprecated, use ...", FutureWarning)
 warnings.warn("Found 181 module(s) in eval mode at the start of training. This may ...", UserWarning)
-logging.getLogger("transformers.utils.import_utils").warning("`X` requires torchvision (not installed); falling back to")
+logging.getLogger("transformers.utils.import_utils").warning(
+    "`X` requires torchvision (not installed); falling back to Y")
 logging.getLogger("lightning.pytorch.utilities.rank_zero").warning("💡 Tip: For seamless cloud logging ...")
 warnings.warn("torch.distributed.nn.functional.all_reduce is deprecated, use ...", FutureWarning)
 warnings.warn("a warning of the user's own", UserWarning)
