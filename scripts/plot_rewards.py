@@ -10,7 +10,9 @@ it resumed from (found through the ``ckpt_path`` of its ``config.yaml``), so one
 Each run draws its per-step training reward (thin), a moving average (thick) and its validation points (markers).
 A run given as several comma-separated files (seeds of one config) draws the mean over them of the moving average
 with a band from their min to their max, and the mean of their validation points with min-max error bars.
-``--x nfe`` puts the cumulative model evaluations per trajectory on the x axis (``rollout/nfe`` summed over steps;
+``--x evaluations`` puts the cumulative model evaluations of the whole run on the x axis (``rollout/evaluations``:
+what methods with different batch shapes are compared at). ``--x nfe`` puts the cumulative model evaluations per
+trajectory on the x axis (``rollout/nfe`` summed over steps;
 proportional to total compute when the runs share a batch size). ``--table`` prints a Markdown table per run:
 training reward over the first and last eighth of the steps, validation before and after, NFE, as mean +- std over
 the files.
@@ -57,13 +59,24 @@ def resumed_from(metrics: Path) -> Path | None:
     return earlier if earlier.is_file() and earlier.resolve() != metrics.resolve() else None
 
 
+#: the running sum an x axis of model evaluations adds up: per trajectory, or the batch's over every rank
+X_COUNTERS = {"nfe": "rollout/nfe", "evaluations": "rollout/evaluations"}
+
+
 def series(rows: list[dict[str, float]], key: str, x: str = "step") -> tuple[list[float], list[float]]:
-    """``(xs, ys)`` of every row holding ``key``; ``x="nfe"`` uses the running sum of ``rollout/nfe``."""
-    xs, ys, nfe = [], [], 0.0
+    """``(xs, ys)`` of every row holding ``key``; ``x="nfe"`` uses the running sum of ``rollout/nfe`` (per
+    trajectory), ``x="evaluations"`` that of ``rollout/evaluations`` (the whole batch's: comparable across methods
+    whose batches hold different numbers of rows, e.g. tree leaves).
+
+    >>> series([{"step": 0, "rollout/evaluations": 10.0, "r": 1.0}, {"step": 1, "rollout/evaluations": 30.0,
+    ...          "r": 2.0}], "r", "evaluations")
+    ([10.0, 40.0], [1.0, 2.0])
+    """
+    xs, ys, total = [], [], 0.0
     for row in rows:
-        nfe += row.get("rollout/nfe", 0.0)
+        total += row.get(X_COUNTERS.get(x, ""), 0.0)
         if key in row:
-            xs.append(nfe if x == "nfe" else row["step"])
+            xs.append(total if x in X_COUNTERS else row["step"])
             ys.append(row[key])
     return xs, ys
 
@@ -105,7 +118,8 @@ def mean_std(values: list[float]) -> str:
 
 def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[float]]:
     """Per file: training reward over the first and last eighth of its steps, validation first and last, NFE."""
-    out: dict[str, list[float]] = {"train_first": [], "train_last": [], "val_first": [], "val_last": [], "nfe": []}
+    out: dict[str, list[float]] = {"train_first": [], "train_last": [], "val_first": [], "val_last": [], "nfe": [],
+                                   "evaluations": []}
     for path in paths:
         rows = read_metrics(path)
         _, ty = series(rows, f"train/{key}")
@@ -116,16 +130,22 @@ def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[floa
         out["val_first"].append(vy[0] if vy else float("nan"))
         out["val_last"].append(vy[-1] if vy else float("nan"))
         out["nfe"].append(sum(row.get("rollout/nfe", 0.0) for row in rows))
+        out["evaluations"].append(sum(row.get("rollout/evaluations", 0.0) for row in rows))
     return out
 
 
 def table(runs: dict[str, list[Path]], key: str = "reward/total") -> str:
+    """A Markdown row per run; a column of the whole run's model evaluations where the files log them."""
+    summaries = {label: summary(paths, key) for label, paths in runs.items()}
+    evaluations = any(v for s in summaries.values() for v in s["evaluations"])
     lines = ["| run | files | NFE per trajectory | training reward, first eighth | last eighth | validation before "
-             "| after |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for label, paths in runs.items():
-        s = summary(paths, key)
-        lines.append(f"| {label} | {len(paths)} | {statistics.fmean(s['nfe']):.0f} | {mean_std(s['train_first'])} | "
-                     f"{mean_std(s['train_last'])} | {mean_std(s['val_first'])} | {mean_std(s['val_last'])} |")
+             "| after |" + (" model evaluations |" if evaluations else ""),
+             "| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if evaluations else "")]
+    for label, s in summaries.items():
+        lines.append(f"| {label} | {len(runs[label])} | {statistics.fmean(s['nfe']):.0f} | "
+                     f"{mean_std(s['train_first'])} | {mean_std(s['train_last'])} | {mean_std(s['val_first'])} | "
+                     f"{mean_std(s['val_last'])} |" + (f" {statistics.fmean(s['evaluations']):.0f} |"
+                                                       if evaluations else ""))
     return "\n".join(lines)
 
 
@@ -153,7 +173,9 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
             ax.errorbar(vx, vmean, yerr=err if len(paths) > 1 else None, fmt="o--", color=color, ms=6, capsize=3,
                         label=f"{label} validation")
     # rollout/nfe is per trajectory: with equal batch sizes its running sum is proportional to the total compute
-    ax.set_xlabel("model evaluations per trajectory, cumulative (NFE)" if x == "nfe" else "training step (one sampled batch)")
+    ax.set_xlabel({"nfe": "model evaluations per trajectory, cumulative (NFE)",
+                   "evaluations": "model evaluations, cumulative (the whole batch's)"}.get(x, "training step (one "
+                                                                                           "sampled batch)"))
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -168,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("runs", nargs="+", help="metrics.csv paths, optionally as label=path or label=path,path,...")
     parser.add_argument("--out", type=Path, default=Path("reward_curve.png"))
     parser.add_argument("--key", default="reward/total", help="metric after the train/ and val/ prefixes")
-    parser.add_argument("--x", choices=["step", "nfe"], default="step")
+    parser.add_argument("--x", choices=["step", "nfe", "evaluations"], default="step")
     parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--table", action="store_true", help="also print a Markdown summary table")
     args = parser.parse_args(argv)

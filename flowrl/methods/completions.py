@@ -14,11 +14,13 @@ from torch import Tensor
 from flowrl.sampling.completion_rewards import ScoreFn, completion_rewards
 from flowrl.sampling.ode_complete import RowVelocityFn, complete_trajectories
 from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.steps import get_step
 
 
 @dataclass
 class Completions:
-    """How completions run. completion_steps: Euler steps each (None: the remaining schedule);
+    """How completions run. completion_steps: Euler steps each (None: the remaining schedule; 0: no model call at
+    all, the one-step estimate ``z_k - sigma_k v(z_k)`` from the velocity the sampler already computed at ``z_k``);
     completion_chunk_size: completions per model call (None: all at once); reward_chunk_size: images per decode +
     score call (None: all at once)."""
 
@@ -36,7 +38,22 @@ class Completions:
             velocity: ``(z, sigma, rows) -> v`` with ``rows`` indexing the rollout's rows.
             step_kind: the deterministic step (``ode``, or ``ddim_ode`` for epsilon models).
         """
+        if self.completion_steps == 0:
+            return self.score_reused(rollout, starts, decode, total_score, step_kind)
         completed = complete_trajectories(velocity, rollout.latents, rollout.sigmas[0], starts, self.completion_steps,
                                           self.completion_chunk_size, step_kind=step_kind)
         rewards = completion_rewards(decode, completed.latents, rollout.prompts, total_score, self.reward_chunk_size)
         return rewards, completed.nfe.sum(1)
+
+    def score_reused(self, rollout: Rollout, starts: Tensor, decode: Callable[[Tensor], Tensor],
+                     total_score: ScoreFn, step_kind: str) -> tuple[Tensor, Tensor]:
+        """One deterministic step from ``z_k`` straight to sigma 0 with the sampler's own velocity at ``z_k``
+        (``rollout.velocities``): no model evaluation."""
+        if rollout.velocities is None:
+            raise ValueError("completion_steps: 0 reuses the sampler's velocities, but the rollout kept none")
+        batch, k = rollout.batch_size, starts.long()
+        z, v = rollout.latents[:, k].flatten(0, 1), rollout.velocities[:, k].flatten(0, 1)  # [B * K, ...]
+        sigma = rollout.sigmas[:, k].flatten()
+        clean = get_step(step_kind)(z, v, sigma, torch.zeros_like(sigma)).z_next.unflatten(0, (batch, len(k)))
+        rewards = completion_rewards(decode, clean, rollout.prompts, total_score, self.reward_chunk_size)
+        return rewards, torch.zeros(batch, device=rewards.device)

@@ -106,9 +106,11 @@ def fraction_problems(timestep_fraction: float = 0.99, **others: Any) -> list[st
 def completion_problems(completion_steps: Optional[int] = None, completion_chunk_size: Optional[int] = None,
                         reward_chunk_size: Optional[int] = None) -> list[str]:
     """The ODE completion options of the dense step-reward methods."""
-    return [f"model.{key}={value} must be >= 1 (or null)" for key, value in (
-        ("completion_steps", completion_steps), ("completion_chunk_size", completion_chunk_size),
-        ("reward_chunk_size", reward_chunk_size)) if value is not None and value < 1]
+    floors = {"completion_steps": 0, "completion_chunk_size": 1, "reward_chunk_size": 1}  # 0 steps: reuse v
+    values = {"completion_steps": completion_steps, "completion_chunk_size": completion_chunk_size,
+              "reward_chunk_size": reward_chunk_size}
+    return [f"model.{key}={value} must be >= {floors[key]} (or null)" for key, value in values.items()
+            if value is not None and value < floors[key]]
 
 
 def optimizer_problems(optimizer: Any) -> list[str]:

@@ -116,14 +116,18 @@ class PolicyGradient(BaseModule):
         sigmas = self.policy.sigmas(self.num_steps).to(self.device)
         mask = self.sde_mask()
         cond_rows = batch.get("cond_rows", torch.arange(len(batch["seeds"]), device=self.device))
+        reuse = self.completions is not None and self.completions.completion_steps == 0
+        velocities = [] if reuse else None  # kept only for completions that reuse them
         latents, log_probs = sample(self.velocity_fn(cond, cond_rows), batch["seeds"], sigmas,
-                                    self.policy.latent_shape(), self.step_kind, self.noise_levels(), mask, self.device)
+                                    self.policy.latent_shape(), self.step_kind, self.noise_levels(), mask, self.device,
+                                    velocities)
         size = latents.shape[0]
         train = self.trained_steps(mask, sigmas.cpu()).to(self.device)
         rollout = Rollout(prompts=batch["prompts"], group_ids=batch["group_ids"], seeds=batch["seeds"],
                           latents=latents, log_probs=log_probs, sigmas=sigmas.expand(size, -1),
                           train_mask=train.expand(size, -1).clone(), cond_rows=cond_rows,
-                          nfe=torch.full((size,), self.num_steps, device=self.device))
+                          nfe=torch.full((size,), self.num_steps, device=self.device),
+                          velocities=torch.stack(velocities, 1) if reuse else None)
         starts = self.completion_starts()
         if starts is not None:
             def by_row(z, sigma, rows):  # rows index the rollout; each carries its conditioning row

@@ -14,6 +14,8 @@ a tree):
   steps); ids are unique within a group (one tree per prompt, or several trees in one group). Parents and depths
   follow from them (:attr:`Rollout.parent_ids`, :attr:`Rollout.depths`); ``None`` means every row is its own path.
 - ``nfe [B]`` the model evaluations spent on each row (a CFG pair counts as one), completions included.
+- ``velocities [B, T, ...]``: the model output at each state, kept only where a method reuses it (one-step
+  completion estimates that cost no evaluation).
 - ``images``, ``rewards {name: [B]}``, ``completion_rewards [B, K]`` (ODE completions' weighted totals, dense
   methods), ``step_rewards [B, T]`` (set by the loop from the method's hook).
 """
@@ -47,6 +49,7 @@ class Rollout:
     nfe: Optional[Tensor] = None
     node_latents: Optional[Tensor] = None
     state_index: Optional[Tensor] = None
+    velocities: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         if self.cond_rows is None:  # row i is conditioned by the batch's prompt i

@@ -75,7 +75,7 @@ def path_noise(seeds: Tensor, paths: Sequence[Sequence[int]], shape: Sequence[in
 @torch.no_grad()
 def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int, noise: Tensor,
                 step_kind: str = "flow_grpo", sde_mask: Optional[Tensor] = None,
-                noise_level: float | Tensor = 0.7) -> tuple[Tensor, Tensor]:
+                noise_level: float | Tensor = 0.7, velocities: Optional[list[Tensor]] = None) -> tuple[Tensor, Tensor]:
     """Continue trajectories from latents ``z [B, ...]`` at step ``start`` of ``sigmas`` for ``n`` steps.
 
     Args:
@@ -86,6 +86,7 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int, noi
         step_kind: the SDE step; where ``sde_mask`` is False its deterministic form (``ode_kind``) runs instead.
         sde_mask: ``[n]`` or ``[B, n]`` bool, per step or per row and step; None: the SDE on every step.
         noise_level: a float or ``[T]`` per schedule step (e.g. calibrated noise).
+        velocities: a list that receives the model output of each step (for estimates that reuse it).
     Returns:
         latents ``[B, n + 1, *latent_shape]`` (``z`` first) and log_probs ``[B, n]`` (float32, 0 on ODE steps).
     """
@@ -101,6 +102,8 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int, noi
         k = start + i
         sigma, sigma_next = sigmas[k].expand(batch).to(z.device), sigmas[k + 1].expand(batch).to(z.device)
         v = velocity(z, sigma)
+        if velocities is not None:
+            velocities.append(v)
         rows = mask[:, i]
         outs = [step(z, v, sigma, sigma_next, noise=noise[:, i], noise_level=levels[k])
                 for step, needed in ((sde, rows.any()), (ode, not rows.all())) if needed]
@@ -118,7 +121,7 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int, noi
 @torch.no_grad()
 def sample(velocity: VelocityFn, seeds: Tensor, sigmas: Tensor, latent_shape: Sequence[int],
            step_kind: str = "flow_grpo", noise_level: float | Tensor = 0.7, sde_mask: Optional[Tensor] = None,
-           device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+           device: torch.device | str = "cpu", velocities: Optional[list[Tensor]] = None) -> tuple[Tensor, Tensor]:
     """Whole trajectories from seeded noise along ``sigmas [T+1]``: ``sample_from`` step 0 with ``seeded_noise``.
 
     Args:
@@ -130,7 +133,7 @@ def sample(velocity: VelocityFn, seeds: Tensor, sigmas: Tensor, latent_shape: Se
     num_steps = sigmas.numel() - 1
     sde_mask = sde_steps(num_steps, step_kind) if sde_mask is None else sde_mask
     noise = seeded_noise(seeds, latent_shape, num_steps + 1, device)  # [B, T+1, ...]
-    return sample_from(velocity, noise[:, 0], sigmas, 0, noise[:, 1:], step_kind, sde_mask, noise_level)
+    return sample_from(velocity, noise[:, 0], sigmas, 0, noise[:, 1:], step_kind, sde_mask, noise_level, velocities)
 
 
 def sde_steps(num_steps: int, step_kind: str, sde_window: Optional[tuple[int, int]] = None) -> Tensor:

@@ -91,6 +91,15 @@ def test_completion_steps_cap_each_completion(policy, monkeypatch):
     assert counted == 10 + 2 * 9 + 1 and rollout.nfe.tolist() == [counted] * 2  # two steps each, one from the last state
 
 
+def test_reused_velocity_completions_cost_no_evaluation_and_equal_a_one_step_completion(policy, monkeypatch):
+    reused, counted = counted_rollout(policy, monkeypatch, completion_steps=0)
+    assert counted == 10 and reused.nfe.tolist() == [10, 10]  # the sampler's own evaluations only
+    one_step, counted = counted_rollout(policy, monkeypatch, completion_steps=1)
+    assert counted == 10 + 10  # the same estimate, from a fresh evaluation at every state
+    assert torch.allclose(reused.completion_rewards, one_step.completion_rewards, atol=1e-4)
+    assert reused.velocities.shape == (2, 10, *policy.latent_shape()) and one_step.velocities is None
+
+
 def test_calibration_update_by_hand():
     # notes' example: 4 positive, 3 negative, one zero at step 0 -> |1| < 2: up; 1 positive, 7 negative: down
     d_r = torch.tensor([[0.1, -0.1], [-0.2, -0.2], [0.3, -0.3], [-0.1, -0.1], [0.05, 0.05], [-0.02, -0.02],
@@ -177,10 +186,10 @@ def test_calibration_is_saved_in_the_checkpoint_and_not_rerun_on_resume(tiny_mod
 
 def test_bad_options_fail_at_construction_with_the_key_named(policy):
     with pytest.raises(ValueError) as err:
-        DenseGRPO(policy, completion_steps=0, reward_aggregation="gdpo",
+        DenseGRPO(policy, completion_steps=-1, reward_aggregation="gdpo",
                   calibration=NoiseCalibration(samples=0, eps2=-1), advantage="nope")
     message = str(err.value)
-    for part in ("model.completion_steps=0", "reward_aggregation='gdpo'", "samples=0", "eps2=-1",
+    for part in ("model.completion_steps=-1", "reward_aggregation='gdpo'", "samples=0", "eps2=-1",
                  "model.advantage"):
         assert part in message
 
@@ -203,8 +212,8 @@ def test_cli_fit_with_the_tiny_config_logs_nfe(tmp_path, monkeypatch):
 
 def test_cli_rejects_bad_dense_options_before_loading(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    with pytest.raises(SystemExit, match="model.completion_steps=0"):
-        main(["fit", "--config", "configs/tiny_dense_grpo.yaml", "--model.init_args.completion_steps=0",
+    with pytest.raises(SystemExit, match="model.completion_steps=-1"):
+        main(["fit", "--config", "configs/tiny_dense_grpo.yaml", "--model.init_args.completion_steps=-1",
               f"--model.init_args.policy.init_args.model={tmp_path / 'nope'}"])
 
 

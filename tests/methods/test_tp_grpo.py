@@ -98,7 +98,7 @@ def test_window_rollout_and_r0_from_the_same_noise(policy, step_kind):
     ({"window_size": 0}, "model.window_size=0"),
     ({"first_step": "always"}, "model.first_step='always'"),
     ({"reward_aggregation": "gdpo"}, "use `sum`"),
-    ({"completion_steps": 0}, "model.completion_steps=0"),
+    ({"completion_steps": -1}, "model.completion_steps=-1"),
     ({"step_kind": "ode"}, "model.step_kind='ode'"),
 ])
 def test_bad_options_fail_clearly(policy, options, message):

@@ -1,0 +1,99 @@
+"""Every method on the embedded task at one budget of model evaluations, several seeds, one plot and one table.
+
+    OMP_NUM_THREADS=1 python scripts/compare_methods.py --budget 120000 --seeds 0 1 2 --jobs 2 --out runs/compare
+    python scripts/compare_methods.py --budget 120000 --seeds 0 1 2 --out runs/compare --plot-only
+
+Each method trains from its tiny config (``configs/tiny_<method>.yaml``: T=10, its published shape and numerics) on
+the 772 training prompts outside the validation set, ``--prompts`` prompts per batch (8 samples each for Flow-GRPO,
+DenseGRPO and TP-GRPO; one tree each for the tree methods), until it has spent ``--budget`` model evaluations
+(``rollout/evaluations``, a CFG pair counted once, completions and shared prefixes included): a one-batch probe run
+measures each method's evaluations per batch, which sets its ``max_steps``. Validation: the 128 held-out prompts of
+``configs/prompts/digits_val.txt`` with the 10-step ODE, before the first batch, at ``--val-every`` batches' worth of
+budget and after the last. The runs' ``metrics.csv`` files go under ``--out/<method>/seed<k>/``; the plot
+(training reward and validation against cumulative evaluations, mean and min-max band over seeds) and a Markdown
+table come from ``scripts/plot_rewards.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = {"Flow-GRPO": "tiny_flow_grpo", "DenseGRPO": "tiny_dense_grpo", "TP-GRPO": "tiny_tp_grpo",
+           "TempFlow-GRPO": "tiny_tempflow_grpo", "Dynamic-TreeRPO": "tiny_tree_rpo", "BranchGRPO": "tiny_branch_grpo"}
+
+
+def fit(config: str, out: Path, seed: int, prompts: int, max_steps: int, extra: list[str]) -> subprocess.Popen:
+    args = [sys.executable, "-m", "flowrl", "fit", "--config", str(ROOT / "configs" / f"{config}.yaml"),
+            f"--seed_everything={seed}", f"--trainer.default_root_dir={out}", f"--data.num_groups={prompts}",
+            f"--data.prompts={ROOT}/configs/prompts/digits_train_large.txt", f"--trainer.max_steps={max_steps}",
+            "--trainer.enable_progress_bar=false", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def finished(proc: subprocess.Popen, what: str) -> None:
+    _, err = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"{what} failed ({proc.returncode}):\n{err[-3000:]}")
+
+
+def metrics_file(out: Path) -> Path:
+    (path,) = sorted(out.glob("*/version_*/metrics.csv"))[-1:]
+    return path
+
+
+def evaluations_per_batch(config: str, out: Path, prompts: int) -> float:
+    """One batch of ``config`` at this batch shape: its ``rollout/evaluations``."""
+    finished(fit(config, out, 0, prompts, 1, ["--data.val_prompts=null", "--trainer.callbacks=[]",
+                                              "--trainer.callbacks+=flowrl.rewards.DigitAlignment"]),
+             f"probe of {config}")
+    with open(metrics_file(out)) as f:
+        return next(float(r["rollout/evaluations"]) for r in csv.DictReader(f) if r.get("rollout/evaluations"))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=120_000, help="model evaluations per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per batch")
+    parser.add_argument("--val-every", type=float, default=0.25, help="validate every this fraction of the budget")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
+    parser.add_argument("--plot-only", action="store_true", help="only plot and tabulate existing runs")
+    args = parser.parse_args(argv)
+    if not args.plot_only:
+        jobs = []
+        for name in args.methods:
+            config = METHODS[name]
+            per_batch = evaluations_per_batch(config, args.out / "probe" / config, args.prompts)
+            batches = max(1, math.ceil(args.budget / per_batch))
+            print(f"{name}: {per_batch:.0f} evaluations per batch -> {batches} batches", flush=True)
+            every = max(1, round(batches * args.val_every))
+            extra = [f"--trainer.val_check_interval={every}", "--trainer.check_val_every_n_epoch=null",
+                     "--data.val_batch_size=128"]
+            jobs += [(name, seed, config, batches, extra) for seed in args.seeds]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            def run(job):
+                name, seed, config, batches, extra = job
+                finished(fit(config, args.out / config / f"seed{seed}", seed, args.prompts, batches, extra),
+                         f"{name} seed {seed}")
+                print(f"done: {name} seed {seed}", flush=True)
+
+            list(pool.map(run, jobs))
+    runs = [f"{name}=" + ",".join(str(metrics_file(args.out / METHODS[name] / f"seed{s}")) for s in args.seeds)
+            for name in args.methods]
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_rewards.py"), *runs, "--x", "evaluations",
+                    "--window", "5", "--table", "--out", str(args.out / "methods.png")], check=True)
+
+
+if __name__ == "__main__":
+    main()
