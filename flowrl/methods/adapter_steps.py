@@ -1,0 +1,67 @@
+"""Optimizer steps of named LoRA adapters for the likelihood-free methods (TDM-R1, DiffusionNFT): one optimizer per
+trained adapter, a gradient all-reduce per adapter, and steps that need not count as Lightning global steps.
+
+Every backward runs without DDP's gradient sync (``host.no_sync()``) and each adapter's gradients are averaged over
+the ranks once, just before its step (one collective, the same on every rank). DDP's own reducer expects a gradient
+for every trainable parameter at each synced backward, which a loss that trains one adapter of three never gives.
+An auxiliary adapter's step (TDM-R1's fake score and surrogate reward) runs through the strategy (precision plugin,
+``on_before_optimizer_step`` hooks) but does not count as a global step, so ``trainer.max_steps``, checkpoints and EMA
+count the generator's steps, one per batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from flowrl.policies.base import FlowPolicy
+
+
+def adapter_optimizers(factory: Callable, policy: FlowPolicy, adapters: list[str],
+                       overrides: Optional[dict[str, dict[str, Any]]] = None) -> list[torch.optim.Optimizer]:
+    """One optimizer per adapter from ``factory``; ``overrides[name]`` sets that adapter's options (``lr``, ``betas``,
+    ``weight_decay``, ...) through a torch param group."""
+    overrides = overrides or {}
+    return [factory([{"params": policy.trainable_parameters(name), **overrides.get(name, {})}]) for name in adapters]
+
+
+def backward(host, loss: Tensor) -> None:
+    """``loss.backward()`` through the strategy, without a gradient sync (see :func:`reduce_gradients`)."""
+    with host.no_sync():
+        host.manual_backward(loss)
+
+
+@torch.no_grad()
+def reduce_gradients(host, params: list[nn.Parameter]) -> None:
+    """Average the gradients of ``params`` over the ranks (one all-reduce); a missing gradient counts as zero."""
+    if host.trainer.world_size == 1 or not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = host.trainer.strategy.reduce(torch.cat([g.flatten() for g in grads]), reduce_op="mean")
+    for p, g in zip(params, flat.split([g.numel() for g in grads])):
+        p.grad = g.view_as(p).clone()
+
+
+class Uncounted:
+    """A ``LightningOptimizer`` whose ``step`` goes through the strategy without counting as a global step."""
+
+    def __init__(self, optimizer, strategy):
+        self._optimizer, self._strategy = optimizer, strategy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+    def step(self) -> Any:
+        return self._strategy.optimizer_step(self._optimizer.optimizer, closure=lambda: None)
+
+
+def adapter_step(host, optimizer, params: list[nn.Parameter], loss_finite: bool,
+                 counted: bool = True) -> Optional[float]:
+    """Average ``params``' gradients over the ranks, then the host's checked, clipped optimizer step
+    (``finite_optimizer_step``); ``counted=False`` keeps Lightning's global step where it is. Returns the gradient
+    norm before clipping, or None for a skipped (non-finite) step."""
+    reduce_gradients(host, params)
+    step_with = optimizer if counted else Uncounted(optimizer, host.trainer.strategy)
+    return host.finite_optimizer_step(step_with, loss_finite, params)

@@ -1,0 +1,159 @@
+"""DiffusionNFT (arXiv 2509.16117): online RL on the forward process, from clean samples of any sampler.
+
+Two LoRA adapters on one backbone (NVlabs/DiffusionNFT ``scripts/train_nft_sd3.py``: ``default`` and ``old``): the
+policy (the policy's own adapter ``default``: trained, evaluated, averaged by ``EMA`` and exported) and ``old``, the
+sampling policy, a frozen copy soft-updated after every batch, ``old <- d old + (1 - d) policy`` with the decay
+schedule of :func:`~flowrl.losses.nft.old_decay` (the code's ``return_decay``). The reference for the KL-style term is
+the backbone without adapters.
+
+One training step = one batch: ``old`` samples ``num_steps`` steps (the deterministic ODE by default, CFG-free by
+default: any sampler works, only the clean latents are kept); the images are scored and given group advantages
+(``grpo@flow_grpo``), mapped to optimality probabilities ``r``; each sample is trained at
+``floor(T * timestep_fraction)`` of the schedule's noise levels (a random subset per sample) on freshly noised copies
+``x_t = (1 - t) x0 + t eps`` with the negative-aware loss (:func:`~flowrl.losses.nft.nft_loss`) plus
+``beta mean((v - v_ref)^2)``, in ``num_minibatches`` optimizer steps over the batch of every rank.
+
+Randomness is a function of (seed, step, row seed), so resume is exact and 2 ranks equal 1. Deviations from the code:
+the rollout uses flowrl's Euler ODE on the policy's schedule (the code: a second-order "dpm2" solver), the loss's
+velocities are conditional even when sampling uses CFG (the code concatenates unconditional embeddings there).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from flowrl.losses.nft import nft_loss, old_decay, optimality_probability
+from flowrl.methods.adapter_steps import adapter_step, backward
+from flowrl.methods.base import BaseModule
+from flowrl.methods.likelihood_free_options import diffusion_nft_problems
+from flowrl.methods.outcome_rollout import log_outcome, outputs, sample_and_score, select
+from flowrl.policies.base import FlowPolicy, adapter_of
+from flowrl.sampling.sampler import branch_seed, seeded_noise
+from flowrl.sampling.steps import ODE_STEPS
+
+
+@dataclass
+class OldDecay:
+    """The sampling policy's soft-update decay after ``n`` optimizer steps: 0 before ``delay``, then
+    ``min((n - delay) rate, limit)``. The code's ``decay_type`` 1 (default): ``(0, 0.001, 0.5)``; 2 (OCR):
+    ``(75, 0.0075, 0.999)``; 0: ``(0, 0, 0)``, the old policy is the current one."""
+
+    delay: int = 0
+    rate: float = 0.001
+    limit: float = 0.5
+
+
+class DiffusionNFT(BaseModule):
+    """DiffusionNFT. Options beyond the base's (``guidance_scale`` is the sampler's CFG, 1 by default):
+
+    Args:
+        step_kind: the sampler step (null: the policy's ODE; ``flow_grpo``, ``cps``, ``dance`` sample an SDE).
+        noise_level: the SDE's noise scale (SDE steps only).
+        nft_beta: strength beta of the implicit positive and negative policies (the code: 1; 0.1 for OCR and
+            multi-reward).
+        beta: weight of ``mean((v - v_ref)^2)`` to the reference (the code's ``train.beta``, 1e-4).
+        advantage_clip: advantages are clipped to +-this, mapped to ``r = A / clip / 2 + 1/2``, and the loss is
+            multiplied by it (``adv_clip_max``, 5).
+        advantage_mode: ``all``, ``positive_only``, ``negative_only``, ``one_only`` or ``binary`` (``adv_mode``).
+        timestep_fraction: each sample trains at ``floor(T * timestep_fraction)`` of the schedule's T noise levels.
+        num_minibatches: optimizer steps per batch (the code's ``gradient_step_per_epoch``: 1; 2 for OCR).
+        micro_batch_size: (sample, noise level) pairs per forward pass (None: a minibatch's pairs at once).
+        old_decay: the soft update of the sampling policy ``old`` after each batch.
+        advantage: estimator or preset of ``flowrl.advantages``. advantage_options: its options.
+    """
+
+    option_problems = staticmethod(diffusion_nft_problems)
+
+    def __init__(self, policy: FlowPolicy, num_steps: int = 10, guidance_scale: float = 1.0,
+                 step_kind: Optional[str] = None, noise_level: float = 0.7, nft_beta: float = 1.0, beta: float = 1e-4,
+                 advantage_clip: float = 5.0, advantage_mode: str = "all", timestep_fraction: float = 0.99,
+                 num_minibatches: int = 1, micro_batch_size: Optional[int] = None, old_decay: OldDecay = OldDecay(),
+                 advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict[str, Any]] = None,
+                 **kwargs: Any):
+        options = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__", "num_steps",
+                                                                   "guidance_scale")}
+        problems = diffusion_nft_problems(**options, num_steps=num_steps, **kwargs)
+        if problems:
+            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
+        super().__init__(policy, num_steps=num_steps, guidance_scale=guidance_scale, **kwargs)
+        for key in ("noise_level", "nft_beta", "beta", "advantage_clip", "advantage_mode", "timestep_fraction",
+                    "num_minibatches", "micro_batch_size", "old_decay", "advantage"):
+            setattr(self, key, options[key])
+        self.step_kind = step_kind or ODE_STEPS[policy.prediction]
+        self.advantage_options = dict(advantage_options or {})
+        policy.add_adapter("old", policy.lora, trainable=False)
+        self._follow_policy(0.0)
+
+    @torch.no_grad()
+    def _follow_policy(self, decay: float) -> None:
+        """``old <- decay old + (1 - decay) default`` (0: a copy)."""
+        params = {name: [p for n, p in self.policy.denoiser.named_parameters() if adapter_of(n) == name]
+                  for name in ("default", "old")}
+        torch._foreach_lerp_(params["old"], params["default"], 1.0 - decay)
+
+    def training_step(self, batch: dict, batch_idx: int) -> dict:
+        self.policy.eval()  # no dropout: sampling and training see the same network
+        with torch.no_grad():
+            cond = self.policy.encode(batch["prompts"])
+        with self.policy.adapter("old"):
+            rollout = sample_and_score(self, batch, self.velocity_fn(cond), self.num_steps, self.step_kind,
+                                       self.noise_level, self.advantage, self.advantage_options)
+        r = optimality_probability(rollout.advantages, self.advantage_clip, self.advantage_mode)
+        r = torch.where(rollout.valid, r, torch.full_like(r, 0.5))  # no reward: no preference either way
+        levels = rollout.sigmas[:-1]  # [T] the schedule's noise levels (the code: the sampler's timesteps / 1000)
+        per_row = max(1, math.floor(len(levels) * self.timestep_fraction))
+        world = self.trainer.world_size
+        gen = torch.Generator().manual_seed(branch_seed(self.seed, [self.global_step]))
+        order = torch.randperm(len(rollout.all_advantages), generator=gen)  # global rows, shuffled (as the code)
+        losses, norms, passes = [], [], 0
+        for part in order.chunk(self.num_minibatches):
+            mine = part[(part >= rollout.rows.start) & (part < rollout.rows.stop)] - rollout.rows.start
+            rows = mine.repeat_interleave(per_row)
+            ids = torch.cat([self._levels(batch["seeds"][i], len(levels))[:per_row] for i in mine.tolist()]
+                            or [mine])  # [P] which noise level each pair trains at
+            total = len(part) * per_row  # the minibatch's pairs on every rank
+            finite = True
+            for chunk in torch.arange(len(rows)).split(self.micro_batch_size or max(len(rows), 1)):
+                b, k = rows[chunk], ids[chunk]
+                loss = self.pair_loss(rollout.latents[b, -1], levels[k], r[b], select(cond, b), batch["seeds"][b], k)
+                loss = loss * rollout.valid[b]  # a sample without a finite reward does not train
+                backward(self, loss.sum() * world / total)  # averaged over ranks: the minibatch's mean
+                finite &= bool(torch.isfinite(loss).all())
+                losses.append(loss.detach())
+                passes += len(chunk) * (3 if self.beta > 0 else 2)
+            norms.append(adapter_step(self, self.optimizers(), self.policy.trainable_parameters("default"), finite))
+        self._follow_policy(old_decay(self.global_step, self.old_decay.delay, self.old_decay.rate,
+                                      self.old_decay.limit))
+        taken = [n for n in norms if n is not None]
+        log_outcome(self, rollout, self.num_steps, {
+            "loss": float(torch.cat(losses).mean()) if losses else float("nan"), "r_mean": float(r.mean()),
+            "grad_norm": sum(taken) / len(taken) if taken else float("nan"), "nonfinite_steps": float(
+                len(norms) - len(taken)), "forward_passes": passes / max(len(r), 1)}, self.guidance_scale)
+        return outputs(rollout, batch)
+
+    def _levels(self, seed: Tensor, count: int) -> Tensor:
+        """A sample's order of the schedule's noise levels this step (the code: ``torch.randperm`` per sample)."""
+        return torch.randperm(count, generator=torch.Generator().manual_seed(
+            branch_seed(int(seed), [self.seed, self.global_step])))
+
+    def pair_loss(self, x0: Tensor, t: Tensor, r: Tensor, cond, seeds: Tensor, level_ids: Tensor) -> Tensor:
+        """The loss ``[P]`` of (sample, noise level) pairs: the NFT loss plus ``beta`` times the reference term."""
+        noise = seeded_noise(torch.tensor([branch_seed(int(s), [self.seed, self.global_step, 1, int(k)])
+                                           for s, k in zip(seeds.tolist(), level_ids.tolist())]),
+                             self.policy.latent_shape(), 1, self.device)[:, 0]
+        tt = t.view(-1, *[1] * (x0.dim() - 1))
+        x_t = (1 - tt) * x0 + tt * noise
+        with torch.no_grad(), self.policy.adapter("old"):
+            v_old = self.policy.velocity(x_t, t, cond, 1.0)
+        v = self.policy.velocity(x_t, t, cond, 1.0)
+        loss = nft_loss(v, v_old, x_t, x0, t, r, self.nft_beta, self.advantage_clip)
+        if self.beta > 0:
+            with torch.no_grad(), self.policy.reference():
+                v_ref = self.policy.velocity(x_t, t, cond, 1.0)
+            loss = loss + self.beta * (v - v_ref).square().flatten(1).mean(1)
+        return loss

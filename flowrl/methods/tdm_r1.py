@@ -1,0 +1,260 @@
+"""TDM-R1 (arXiv 2603.07700): reinforcing a few-step deterministic generator through a learned surrogate reward.
+
+Three LoRA adapters on one backbone (Luo-Yihong/TDM-R1 ``scripts/train_tdmr1_pub.py``: ``tdm``, ``fake``, ``dgpo``):
+the generator (the policy's own adapter ``default``: it samples, is evaluated, averaged by ``EMA(adapter=default)``
+and exported with ``--adapter default``), the fake score ``fake_score`` of trajectory distribution matching, and the
+surrogate reward ``surrogate``, a diffusion model whose denoising-loss gap to the reference (the backbone without
+adapters) is the reward. ``surrogate_old``, a frozen copy trailing the surrogate (decay ``min(0.3, 0.001 + 0.001
+step)``), supplies the PPO-style ratio.
+
+One training step = one batch: the generator samples ``K = num_steps`` deterministic ODE steps without CFG; the final
+images are scored and given group advantages (``grpo@flow_grpo``); then, for ``M = num_train_steps`` steps ``j`` drawn
+from the K (the same on every rank), in this order:
+
+1. fake score: denoise the generator's re-noised one-step sample (:func:`~flowrl.losses.tdm.fake_score_loss`);
+2. surrogate (group preference, Eq. 7-9 as coded): per ``j`` a boundary ``b ~ p(b) ∝ b + 1``, its stored latent
+   re-noised with noise shared by the group; weights ``sigmoid(s_g)`` of the group logits, rows frozen past
+   ``1 ± clip_range`` or drifted (:mod:`flowrl.losses.tdm`), ``+ beta mean((v - v_ref)^2)``, times ``(b + 1) / K``;
+3. generator (Eq. 10-11 as coded): x0 targets from CFG as a reward, distribution matching and the surrogate direction
+   (:func:`~flowrl.losses.tdm.generator_loss`); steps ``j >= trunc_steps`` drop the surrogate term.
+
+Each adapter takes one optimizer step per batch; only the generator's counts as a global step
+(:mod:`flowrl.methods.adapter_steps`). Re-noising times are drawn in unshifted time above the lower bound
+(``time_shift``). Randomness is a function of (seed, step, row seed or group id), so resume is exact and 2 ranks
+equal 1. Deviations from the code (see docs/methods/tdm_r1.md): Euler ODE rollouts on the policy's schedule (the code
+uses DPM-Solver with flow shift 3), the drift test on the global batch's mean (the code: each GPU's), one optimizer
+step per adapter per batch in the order fake, surrogate, generator (the code accumulates an epoch in accelerate).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from flowrl.losses.tdm import (fake_score_loss, frozen_rows, generator_loss, group_logits, group_preference_loss,
+                               renoise, renoise_sigma, surrogate_target)
+from flowrl.methods.adapter_steps import adapter_optimizers, adapter_step, backward
+from flowrl.methods.base import BaseModule
+from flowrl.methods.likelihood_free_options import tdm_r1_problems
+from flowrl.methods.outcome_rollout import OutcomeRollout, log_outcome, outputs, sample_and_score, select
+from flowrl.policies.base import Conditioning, FlowPolicy, adapter_of
+from flowrl.sampling.sampler import branch_seed, seeded_noise
+from flowrl.sampling.steps import ODE_STEPS
+
+#: the trained adapters, in optimizer order; the generator is the policy's own LoRA adapter
+ADAPTERS = ("default", "fake_score", "surrogate")
+OLD_DECAY = (0.001, 0.001, 0.3)  # surrogate_old: min(max, start + rate * step) (ema_old_decay_min / max)
+
+
+class TDMR1(BaseModule):
+    """TDM-R1. Options beyond the base's (``num_steps`` is K, 4 by default; ``guidance_scale`` must stay 1):
+
+    Args:
+        num_train_steps: M, the steps of the K trained per batch (drawn without replacement).
+        trunc_steps: steps ``j < trunc_steps`` get the surrogate reward term (None: all K).
+        teacher_guidance: the CFG of the real score (the reference) in the CFG-as-reward term and the weight.
+        surrogate_guidance: the CFG of the surrogate in the generator's reward direction (``rl_cfg``).
+        tdm_weight: weight of the CFG-reward term; the surrogate term gets ``1 - tdm_weight``.
+        beta: weight of the surrogate's ``mean((v - v_ref)^2)`` regulariser.
+        beta_dpo: scale of the group logit.
+        clip_range: freeze a surrogate row once ``exp(old - dsm)`` moved past ``1 +/- clip_range``.
+        drift_threshold: above this mean squared surrogate-reference gap, freeze rows already better than the
+            reference in their advantage's direction (``reg_threshold``).
+        surrogate_min_sigma: lower bound of the re-noising level of the generator's surrogate term (``t_min_dgpo``).
+        reward_min_sigma: lower bound of the surrogate's training re-noising level (``t_min_dgpo_reward``).
+        time_shift: re-noising levels are uniform in unshifted time under this shift (SD3: 3).
+        time_weighting: weight the surrogate loss by ``(b + 1) / K`` (``use_tweight``).
+        advantage: estimator or preset of ``flowrl.advantages``. advantage_options: its options.
+        micro_batch_size: rows per forward pass (None: this rank's batch at once).
+        adapter_optimizer_options: per adapter (``default``, ``fake_score``, ``surrogate``) optimizer options over
+            ``optimizer``'s, e.g. ``{default: {lr: 7.5e-5}}`` (the code: generator lr / 4).
+        generator_init: LoRA weights the generator starts from (a folder or file from ``save_adapter`` or
+            diffusers' ``save_lora_weights``, or an embedded ``flowrl/<name>``), e.g. a distilled few-step model.
+    """
+
+    option_problems = staticmethod(tdm_r1_problems)
+
+    def __init__(self, policy: FlowPolicy, num_steps: int = 4, guidance_scale: float = 1.0, num_train_steps: int = 2,
+                 trunc_steps: Optional[int] = None, teacher_guidance: float = 4.5, surrogate_guidance: float = 2.5,
+                 tdm_weight: float = 0.3, beta: float = 1e-3, beta_dpo: float = 1.0, clip_range: float = 1e-3,
+                 drift_threshold: float = 0.05, surrogate_min_sigma: float = 0.25, reward_min_sigma: float = 0.55,
+                 time_shift: float = 3.0, time_weighting: bool = True, advantage: str = "grpo@flow_grpo",
+                 advantage_options: Optional[dict[str, Any]] = None, micro_batch_size: Optional[int] = None,
+                 adapter_optimizer_options: Optional[dict[str, dict[str, Any]]] = None,
+                 generator_init: Optional[str] = None, **kwargs: Any):
+        options = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
+        problems = tdm_r1_problems(**options, **kwargs)
+        if problems:
+            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
+        super().__init__(policy, num_steps=num_steps, guidance_scale=guidance_scale, **kwargs)
+        for key in ("num_train_steps", "teacher_guidance", "surrogate_guidance", "tdm_weight", "beta", "beta_dpo",
+                    "clip_range", "drift_threshold", "surrogate_min_sigma", "reward_min_sigma", "time_shift",
+                    "time_weighting", "advantage", "micro_batch_size"):
+            setattr(self, key, options[key])
+        self.trunc_steps = num_steps if trunc_steps is None else trunc_steps
+        self.advantage_options = dict(advantage_options or {})
+        self.adapter_optimizer_options = dict(adapter_optimizer_options or {})
+        for name in ADAPTERS[1:]:
+            policy.add_adapter(name, policy.lora)
+        policy.add_adapter("surrogate_old", policy.lora, trainable=False)
+        if generator_init is not None:
+            from flowrl.policies.adapter_weights import load_adapter
+
+            load_adapter(policy, "default", generator_init)
+        self._follow_surrogate(0.0)
+        self.forward_passes = 0
+
+    def configure_optimizers(self):
+        return adapter_optimizers(self.optimizer_factory, self.policy, list(ADAPTERS), self.adapter_optimizer_options)
+
+    # -- model calls ---------------------------------------------------------------------------------------
+
+    def v(self, adapter: Optional[str], z: Tensor, sigma: Tensor, cond: Conditioning, guidance: float = 1.0):
+        """The velocity under adapter ``adapter`` (None: the reference, the backbone alone); counts forward passes."""
+        self.forward_passes += len(z) * (2 if guidance != 1.0 else 1)
+        if adapter is None:
+            with self.policy.reference():
+                return self.policy.velocity(z, sigma, cond, guidance)
+        with self.policy.adapter(adapter):
+            return self.policy.velocity(z, sigma, cond, guidance)
+
+    def x0(self, adapter: Optional[str], z: Tensor, tau: Tensor, cond: Conditioning, guidance: float = 1.0):
+        """The clean-sample prediction ``z - tau v`` at the level ``tau`` (a scalar) of every row."""
+        return z - tau * self.v(adapter, z, tau.expand(len(z)), cond, guidance)
+
+    def chunks(self, size: int) -> list[Tensor]:
+        return list(torch.arange(size, device=self.device).split(self.micro_batch_size or size))
+
+    def _noise(self, keys: Tensor, *path: int) -> Tensor:
+        """Noise ``[B, *latent]``, row ``i`` from ``(keys[i], seed, step, *path)``: a row seed or a group id."""
+        seeds = torch.tensor([branch_seed(int(k), [self.seed, self.global_step, *path]) for k in keys.tolist()])
+        return seeded_noise(seeds, self.policy.latent_shape(), 1, self.device)[:, 0]
+
+    @torch.no_grad()
+    def _follow_surrogate(self, decay: float) -> None:
+        """``surrogate_old <- decay surrogate_old + (1 - decay) surrogate`` (0: a copy)."""
+        params = {name: [p for n, p in self.policy.denoiser.named_parameters() if adapter_of(n) == name]
+                  for name in ("surrogate", "surrogate_old")}
+        torch._foreach_lerp_(params["surrogate_old"], params["surrogate"], 1.0 - decay)
+
+    # -- the step ------------------------------------------------------------------------------------------
+
+    def plan(self, sigmas: Tensor) -> dict[str, Tensor]:
+        """This step's shared draws: trained steps ``j [M]``, surrogate boundaries ``b [M]`` and re-noising levels
+        (fake / generator-surrogate / surrogate-training) ``[M]``, from (seed, global step) alone."""
+        gen = torch.Generator().manual_seed(branch_seed(self.seed, [self.global_step]))
+        k, m = self.num_steps, self.num_train_steps
+        steps = torch.randperm(k, generator=gen)[:m]
+        bounds = torch.multinomial(torch.arange(1, k + 1, dtype=torch.float), m, replacement=True, generator=gen)
+        u = torch.rand(3, m, generator=gen)
+        s = sigmas.cpu().float()
+        floor = lambda low: torch.maximum(s[steps + 1], torch.tensor(low))  # noqa: E731
+        return {"steps": steps, "bounds": bounds, "fake_tau": renoise_sigma(s[steps + 1], u[0], self.time_shift),
+                "gen_tau": renoise_sigma(floor(self.surrogate_min_sigma), u[1], self.time_shift),
+                "reward_tau": renoise_sigma(torch.maximum(s[bounds + 1], torch.tensor(self.reward_min_sigma)), u[2],
+                                            self.time_shift)}
+
+    def training_step(self, batch: dict, batch_idx: int) -> dict:
+        self.policy.eval()  # no dropout: sampling and training see the same network
+        with torch.no_grad():
+            cond = self.policy.encode(batch["prompts"])
+        rollout = sample_and_score(self, batch, self.velocity_fn(cond), self.num_steps,
+                                   ODE_STEPS[self.policy.prediction], advantage=self.advantage,
+                                   advantage_options=self.advantage_options)
+        plan, self.forward_passes = self.plan(rollout.sigmas), 0
+        opt_generator, opt_fake, opt_surrogate = self.optimizers()
+        metrics = self.fake_score_update(rollout, cond, batch, plan, opt_fake)
+        metrics.update(self.surrogate_update(rollout, cond, batch, plan, opt_surrogate))
+        metrics.update(self.generator_update(rollout, cond, batch, plan, opt_generator))
+        metrics["forward_passes"] = self.forward_passes / len(rollout.total)  # per sample, in the update
+        log_outcome(self, rollout, self.num_steps, metrics)
+        return outputs(rollout, batch)
+
+    def fake_score_update(self, r: OutcomeRollout, cond: Conditioning, batch: dict, plan, opt) -> dict[str, float]:
+        size, m, total = len(r.total), len(plan["steps"]), 0.0
+        for i, j in enumerate(plan["steps"].tolist()):
+            sigma, tau = r.sigmas[j], plan["fake_tau"][i].to(self.device)
+            for rows in self.chunks(size):
+                c, z, n = select(cond, rows), r.latents[rows, j], len(rows)
+                with torch.no_grad():
+                    v = self.v("default", z, sigma.expand(n), c)
+                    x0, z_next = z - sigma * v, z - (sigma - r.sigmas[j + 1]) * v
+                    z_tau, _, _ = renoise(z_next, r.sigmas[j + 1].expand(n), tau.expand(n),
+                                          self._noise(batch["seeds"][rows], 0, i))
+                    real = self.v(None, z_tau, tau.expand(n), c)
+                loss = fake_score_loss(self.v("fake_score", z_tau, tau.expand(n), c), (z_tau - x0) / tau, real)
+                backward(self, loss.sum() / (size * m))
+                total += float(loss.detach().sum())
+        norm = adapter_step(self, opt, self.policy.trainable_parameters("fake_score"), bool(torch.isfinite(
+            torch.tensor(total))), counted=False)
+        return {"loss/fake_score": total / (size * m), "grad_norm/fake_score": norm or float("nan")}
+
+    def surrogate_update(self, r: OutcomeRollout, cond: Conditioning, batch: dict, plan, opt) -> dict[str, float]:
+        size, m, total, frozen_frac, weight_mean = len(r.total), len(plan["steps"]), 0.0, 0.0, 0.0
+        for i, b in enumerate(plan["bounds"].tolist()):
+            sigma_b, tau = r.sigmas[b + 1].expand(size), plan["reward_tau"][i].to(self.device).expand(size)
+            noise = self._noise(batch["group_ids"], 1, i)  # one noise per group
+            z_tau, _, _ = renoise(r.latents[:, b + 1], sigma_b, tau, noise)
+            target = surrogate_target(r.latents[:, b + 1], sigma_b, tau, noise)
+            with torch.no_grad():  # per-row losses of every rank first: the group logits need them all
+                stats = torch.cat([self._denoising(z_tau[rows], tau[rows], select(cond, rows), target[rows])
+                                   for rows in self.chunks(size)])  # [B, 4]: dsm, old, ref, drift
+            everyone = self.gather(stats, r.sizes)
+            logits = group_logits(everyone[:, 0] - everyone[:, 2], r.all_advantages, r.all_group_ids, self.beta_dpo)
+            weights = torch.sigmoid(logits)[r.rows]
+            frozen = frozen_rows(stats[:, 0], stats[:, 1], stats[:, 2], r.advantages, self.clip_range,
+                                 everyone[:, 3].mean(), self.drift_threshold)
+            t_weight = (b + 1) / self.num_steps if self.time_weighting else 1.0
+            for rows in self.chunks(size):
+                c = select(cond, rows)
+                v_sur = self.v("surrogate", z_tau[rows], tau[rows], c)
+                with torch.no_grad():
+                    v_ref = self.v(None, z_tau[rows], tau[rows], c)
+                dsm = (target[rows] - v_sur).square().flatten(1).mean(1)
+                loss = (group_preference_loss(dsm, r.advantages[rows], weights[rows], frozen[rows])
+                        + self.beta * (v_sur - v_ref).square().flatten(1).mean(1).mean()) * len(rows) / size
+                backward(self, loss * t_weight / m)
+                total += float(loss.detach()) * t_weight / m
+            frozen_frac += float(frozen.float().mean()) / m
+            weight_mean += float(weights.mean()) / m
+        norm = adapter_step(self, opt, self.policy.trainable_parameters("surrogate"),
+                            bool(torch.isfinite(torch.tensor(total))), counted=False)
+        self._follow_surrogate(min(OLD_DECAY[2], OLD_DECAY[0] + OLD_DECAY[1] * self.global_step))
+        return {"loss/surrogate": total, "grad_norm/surrogate": norm or float("nan"),
+                "surrogate/frozen_frac": frozen_frac, "surrogate/weight_mean": weight_mean}
+
+    def _denoising(self, z: Tensor, tau: Tensor, c: Conditioning, target: Tensor) -> Tensor:
+        """``[n, 4]``: the surrogate's, its old copy's and the reference's denoising losses, and the surrogate's
+        squared gap to the reference."""
+        v_sur, v_old, v_ref = (self.v(a, z, tau, c) for a in ("surrogate", "surrogate_old", None))
+        mse = lambda a, b: (a - b).square().flatten(1).mean(1)  # noqa: E731
+        return torch.stack([mse(target, v_sur), mse(target, v_old), mse(target, v_ref), mse(v_sur, v_ref)], 1)
+
+    def generator_update(self, r: OutcomeRollout, cond: Conditioning, batch: dict, plan, opt) -> dict[str, float]:
+        size, m, total = len(r.total), len(plan["steps"]), 0.0
+        for i, j in enumerate(plan["steps"].tolist()):
+            sigma, sigma_next = r.sigmas[j], r.sigmas[j + 1]
+            tau, tau_s = plan["fake_tau"][i].to(self.device), plan["gen_tau"][i].to(self.device)
+            for rows in self.chunks(size):
+                c, z, n = select(cond, rows), r.latents[rows, j], len(rows)
+                v = self.v("default", z, sigma.expand(n), c)
+                x0, z_next = z - sigma * v, (z - (sigma - sigma_next) * v).detach()
+                with torch.no_grad():
+                    z_tau, _, _ = renoise(z_next, sigma_next.expand(n), tau.expand(n),
+                                          self._noise(batch["seeds"][rows], 2, i))
+                    targets = {"real_cond": self.x0(None, z_tau, tau, c), "fake": self.x0("fake_score", z_tau, tau, c),
+                               "real_uncond": self.x0(None, z_tau, tau, Conditioning(c.null_embeds, c.null_pooled))}
+                    if j < self.trunc_steps:  # the surrogate's direction, from noise shared by the group
+                        z_s, _, _ = renoise(z_next, sigma_next.expand(n), tau_s.expand(n),
+                                            self._noise(batch["group_ids"][rows], 3, i))
+                        targets.update(surrogate=self.x0("surrogate", z_s, tau_s, c, self.surrogate_guidance),
+                                       surrogate_ref=self.x0(None, z_s, tau_s, c))
+                loss, _ = generator_loss(x0, teacher_guidance=self.teacher_guidance, tdm_weight=self.tdm_weight,
+                                         **targets)
+                backward(self, loss.float().sum() / (size * m))
+                total += float(loss.detach().sum())
+        norm = adapter_step(self, opt, self.policy.trainable_parameters("default"),
+                            bool(torch.isfinite(torch.tensor(total))))
+        return {"loss/generator": total / (size * m), "grad_norm/generator": norm or float("nan")}
