@@ -88,6 +88,7 @@ def main(argv=None) -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--batches", type=int, default=3, help="the first is a warm-up")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_methods"))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     args = parser.parse_args(argv)
     sys.modules.setdefault("bench_methods", sys.modules[__name__])
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}; T=10, {args.prompts} prompts "
@@ -95,7 +96,8 @@ def main(argv=None) -> None:
     print("| method | rows per prompt | NFE per prompt | NFE per row | NFE per trained transition | trained "
           "transitions per batch | ms per trained transition | buffer / unique latents |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, config in METHODS.items():
+    for name in args.methods:
+        config = METHODS[name]
         rows = run(config, args.prompts, args.batches, args.out / config)
         mean = lambda key: statistics.fmean(r[key] for r in rows)  # noqa: E731
         per_prompt = mean("evaluations") / mean("prompts")

@@ -67,6 +67,8 @@ def main(argv=None) -> None:
     parser.add_argument("--val-every", type=float, default=0.25, help="validate every this fraction of the budget")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--jobs", type=int, default=1, help="runs at once")
+    parser.add_argument("--val-prompts", default=str(ROOT / "configs" / "prompts" / "digits_val.txt"),
+                        help="held-out prompts (a file, or a list in YAML flow style)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
     parser.add_argument("--plot-only", action="store_true", help="only plot and tabulate existing runs")
     args = parser.parse_args(argv)
@@ -79,7 +81,7 @@ def main(argv=None) -> None:
             print(f"{name}: {per_batch:.0f} evaluations per batch -> {batches} batches", flush=True)
             every = max(1, round(batches * args.val_every))
             extra = [f"--trainer.val_check_interval={every}", "--trainer.check_val_every_n_epoch=null",
-                     "--data.val_batch_size=128"]
+                     "--data.val_batch_size=128", f"--data.val_prompts={args.val_prompts}"]
             jobs += [(name, seed, config, batches, extra) for seed in args.seeds]
         with ThreadPoolExecutor(args.jobs) as pool:
             def run(job):

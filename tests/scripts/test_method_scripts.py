@@ -1,0 +1,41 @@
+"""scripts/bench_methods.py and scripts/compare_methods.py at the smallest size: the bench's NFE per prompt are each
+method's by hand, and the comparison trains every method to its budget and tabulates the runs it wrote."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def run(*args: str) -> str:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_bench_reports_each_methods_evaluations(tmp_path):
+    table = run("scripts/bench_methods.py", "--prompts", "1", "--batches", "2", "--out", str(tmp_path),
+                "--methods", "Flow-GRPO", "BranchGRPO")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in table.splitlines() if line.startswith("| ") and "---" not in line and "method" not in line}
+    assert rows["Flow-GRPO"][:3] == ["8", "80", "10.00"]  # 8 samples x 10 steps per prompt
+    # splits at 0, 2, 4, 6 of 10: frontier sizes 1, 2, 2, 4, 4, 8, 8, 16, 16, 16 -> 77 evaluations, 16 leaves
+    assert rows["BranchGRPO"][:3] == ["16", "77", "4.81"]
+    assert float(rows["BranchGRPO"][6]) <= 1.2  # the tree's buffer against the unique latents it holds
+
+
+def test_compare_trains_each_method_to_its_budget_and_tabulates(tmp_path):
+    out = run("scripts/compare_methods.py", "--budget", "300", "--prompts", "1", "--seeds", "0",
+              "--methods", "Flow-GRPO", "BranchGRPO", "--out", str(tmp_path),
+              "--val-prompts", "[red 3 and blue 7, green 1 and red 2]")
+    assert "Flow-GRPO: 80 evaluations per batch -> 4 batches" in out
+    assert "BranchGRPO: 77 evaluations per batch -> 4 batches" in out
+    assert (tmp_path / "methods.png").is_file() and "| Flow-GRPO | 1 |" in out
+    (metrics,) = (tmp_path / "tiny_flow_grpo" / "seed0").glob("*/version_*/metrics.csv")
+    rows = list(csv.DictReader(metrics.open()))
+    assert sum(float(r["rollout/evaluations"]) for r in rows if r.get("rollout/evaluations")) == 320
+    assert len([r for r in rows if r.get("val/reward/total")]) >= 2  # before and after
