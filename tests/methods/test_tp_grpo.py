@@ -12,6 +12,7 @@ from flowrl.methods import TPGRPO
 from flowrl.rewards import FunctionReward
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli
+from tests.methods.counting import counted_rollout
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONFIG = str(ROOT / "configs" / "tiny_tp_grpo.yaml")
@@ -40,24 +41,6 @@ def scored_by_mean_pixel(module):
     module.trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=[
         FunctionReward("tests.rewards.reward_functions.brightness")])
     return module
-
-
-def counted_rollout(module, batch):
-    """The rollout and the model evaluations per trajectory it took (rows of real forward calls; CFG pairs are one)."""
-    rows = []
-    forward = module.policy._forward
-
-    def counting(latents, *args):
-        rows.append(latents.shape[0])
-        return forward(latents, *args)
-
-    module.policy._forward = counting
-    try:
-        with torch.no_grad():
-            rollout = module.rollout(batch, module.policy.encode(batch["prompts"]))
-    finally:
-        del module.policy._forward
-    return rollout, sum(rows) / 2 / len(batch["seeds"])  # guidance > 1: each evaluation is a cond/uncond pair
 
 
 def test_nfe_is_64_at_ten_steps_with_a_nine_step_window(policy):

@@ -16,6 +16,7 @@ from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.sampling.sampler import sample
 from flowrl.sampling.steps import get_step
 from tests.cli.test_fit import load_steps, run_cli
+from tests.methods.counting import counted_rollout
 from tests.methods.test_method_layer import method_fit_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,25 +29,6 @@ def policy(tiny_model_dir):
     return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
 
 
-def counted_rollout(method, batch=BATCH):
-    """The rollout and the model evaluations per tree (rows of real forward calls; a CFG pair is one)."""
-    rows = []
-    forward = method.policy._forward
-
-    def counting(latents, *args):
-        rows.append(latents.shape[0])
-        return forward(latents, *args)
-
-    method.policy._forward = counting
-    try:
-        with torch.no_grad():
-            rollout = method.rollout(batch, method.policy.encode(batch["prompts"]))
-    finally:
-        del method.policy._forward
-    pairs = 2 if method.guidance_scale > 1 else 1
-    return rollout, sum(rows) / pairs / len(batch["seeds"])
-
-
 @pytest.mark.parametrize("make, per_tree, leaves, edges", [
     (lambda p: TempFlowGRPO(p, num_steps=10, guidance_scale=2.0), 9 + 6 * sum(9 - k for k in range(9)), 54, 54),
     (lambda p: TreeRPO(p, num_steps=10, window_start=2, guidance_scale=2.0), 2 + 15 + 16 * 4, 16, 30),
@@ -54,7 +36,7 @@ def counted_rollout(method, batch=BATCH):
 ], ids=["tempflow", "tree_rpo", "branch"])
 def test_nfe_counted_through_the_model_and_edges_trained_once(policy, make, per_tree, leaves, edges):
     method = make(policy)
-    rollout, evaluations = counted_rollout(method)
+    rollout, evaluations = counted_rollout(method, BATCH)
     assert evaluations == per_tree
     assert torch.allclose(rollout.nfe.sum(), torch.tensor(2.0 * per_tree))  # the leaves' shares add up
     assert rollout.batch_size == 2 * leaves and torch.bincount(rollout.cond_rows).tolist() == [leaves, leaves]
@@ -66,7 +48,7 @@ def test_nfe_counted_through_the_model_and_edges_trained_once(policy, make, per_
 
 def test_tempflow_trunk_is_the_ode_sample_and_branches_reuse_its_states(policy):
     method = TempFlowGRPO(policy, num_steps=6, branches=3, guidance_scale=2.0)
-    rollout, _ = counted_rollout(method)
+    rollout, _ = counted_rollout(method, BATCH)
     cond = policy.encode(BATCH["prompts"])
     ode, _ = sample(method.velocity_fn(cond), BATCH["seeds"], policy.sigmas(6), policy.latent_shape(), "ode")
     for row in range(rollout.batch_size):
@@ -113,8 +95,8 @@ def test_branch_grpo_prunes_backward_passes_only(policy):
     full = BranchGRPO(policy, num_steps=6, split_steps=[0, 3], guidance_scale=2.0, step_kind="flow_grpo")
     pruned = BranchGRPO(policy, num_steps=6, split_steps=[0, 3], guidance_scale=2.0, step_kind="flow_grpo",
                         depth_pruning=[0, 1], mix_window=2)
-    a, _ = counted_rollout(full)
-    b, _ = counted_rollout(pruned)
+    a, _ = counted_rollout(full, BATCH)
+    b, _ = counted_rollout(pruned, BATCH)
     assert torch.equal(a.train_mask[:, 0], torch.ones(8, dtype=torch.bool)) and not b.train_mask[:, :2].any()
     assert torch.equal(b.log_probs[:, 2] == 0, torch.ones(8, dtype=torch.bool))  # mix: step 2 is the ODE
     assert torch.equal(a.states(torch.arange(8), torch.zeros(8).long()), b.states(torch.arange(8),
