@@ -41,7 +41,13 @@ from flowrl.sampling.steps import ODE_STEPS
 class OldDecay:
     """The sampling policy's soft-update decay after ``n`` optimizer steps: 0 before ``delay``, then
     ``min((n - delay) rate, limit)``. The code's ``decay_type`` 1 (default): ``(0, 0.001, 0.5)``; 2 (OCR):
-    ``(75, 0.0075, 0.999)``; 0: ``(0, 0, 0)``, the old policy is the current one."""
+    ``(75, 0.0075, 0.999)``; 0: ``(0, 0, 0)``, the old policy is the current one.
+
+    Args:
+        delay: optimizer steps during which the old policy is the current one (decay 0).
+        rate: the decay's growth per optimizer step after ``delay``.
+        limit: the decay's ceiling, in [0, 1).
+    """
 
     delay: int = 0
     rate: float = 0.001
@@ -64,7 +70,8 @@ class DiffusionNFT(BaseModule):
         num_minibatches: optimizer steps per batch (the code's ``gradient_step_per_epoch``: 1; 2 for OCR).
         micro_batch_size: (sample, noise level) pairs per forward pass (None: a minibatch's pairs at once).
         old_decay: the soft update of the sampling policy ``old`` after each batch.
-        advantage: estimator or preset of ``flowrl.advantages``. advantage_options: its options.
+        advantage: estimator or preset of ``flowrl.advantages`` (Flow-GRPO's numerics: ``grpo@flow_grpo``).
+        advantage_options: overrides of the estimator's options.
     """
 
     option_problems = staticmethod(diffusion_nft_problems)

@@ -66,7 +66,8 @@ class TDMR1(BaseModule):
         reward_min_sigma: lower bound of the surrogate's training re-noising level (``t_min_dgpo_reward``).
         time_shift: re-noising levels are uniform in unshifted time under this shift (SD3: 3).
         time_weighting: weight the surrogate loss by ``(b + 1) / K`` (``use_tweight``).
-        advantage: estimator or preset of ``flowrl.advantages``. advantage_options: its options.
+        advantage: estimator or preset of ``flowrl.advantages`` (Flow-GRPO's numerics: ``grpo@flow_grpo``).
+        advantage_options: overrides of the estimator's options.
         micro_batch_size: rows per forward pass (None: this rank's batch at once).
         adapter_optimizer_options: per adapter (``default``, ``fake_score``, ``surrogate``) optimizer options over
             ``optimizer``'s, e.g. ``{default: {lr: 7.5e-5}}`` (the code: generator lr / 4).

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import yaml
 
-from flowrl.policies.base import FlowPolicy
+from flowrl.policies.base import FlowPolicy, adapter_of
 
 REFERENCE_PREFIX = "reference_denoiser."
 
@@ -120,6 +120,11 @@ def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool
     state = {**checkpoint["state_dict"], **average}
     weights = {k[len("policy."):]: v.to(checkpoint["state_dict"][k].dtype) for k, v in state.items()
                if k.startswith("policy.") and not k.startswith("policy." + REFERENCE_PREFIX)}
+    # a method's own adapters (TDM-R1's fake score and surrogate, DiffusionNFT's old policy), frozen: the policy's
+    # adapter stays the one trained adapter that export picks by default
+    for name in dict.fromkeys(adapter_of(k) for k in weights):
+        if name is not None and name not in policy.adapter_names:
+            policy.add_adapter(name, policy.lora, trainable=False)
     policy.load_state_dict(weights)
     return policy
 

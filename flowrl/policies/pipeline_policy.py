@@ -17,7 +17,7 @@ from typing import ClassVar, Optional
 import torch
 from torch import Tensor
 
-from flowrl.policies.base import Conditioning, FlowPolicy, LoraOptions
+from flowrl.policies.base import Conditioning, FlowPolicy, LoraOptions, adapter_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -168,7 +168,9 @@ class PipelinePolicy(FlowPolicy):
 
 
 def _trained_names(policy: PipelinePolicy) -> set[str]:
-    return {name for name, p in policy.named_parameters() if p.requires_grad}
+    # every LoRA adapter's weights, trained or frozen (a method's frozen copy, e.g. DiffusionNFT's old policy): they
+    # do not come from the model path
+    return {name for name, p in policy.named_parameters() if p.requires_grad or adapter_of(name) is not None}
 
 
 def _drop_frozen(module: PipelinePolicy, state_dict: dict, prefix: str, local_metadata) -> None:
