@@ -79,8 +79,9 @@ def sample_and_score(host, batch: dict, velocity: VelocityFn, num_steps: int, st
 
 def log_outcome(host, rollout: OutcomeRollout, nfe: float, metrics: dict[str, float], guidance: float = 1.0) -> None:
     """The reward, advantage and rollout metrics every method logs (``train/reward/<name>``, ``train/reward/total``,
-    ``train/advantage/{mean,std}``, ``rollout/{nfe,samples_per_s}``, ``rollout/forward_passes``: ``nfe`` doubled
-    under CFG), then ``train/<key>`` of ``metrics``."""
+    ``train/advantage/{mean,std}``, ``rollout/{nfe,samples_per_s}``, ``rollout/evaluations``: the batch's over every
+    rank, a CFG pair counted once as the loop does, ``rollout/forward_passes``: ``nfe`` doubled under CFG), then
+    ``train/<key>`` of ``metrics``."""
     size = len(rollout.total)
     log = lambda name, value, **kw: host.log(name, value, batch_size=size, **kw)  # noqa: E731
     for name, scores in rollout.scores.items():
@@ -91,6 +92,7 @@ def log_outcome(host, rollout: OutcomeRollout, nfe: float, metrics: dict[str, fl
     log("train/advantage/mean", rollout.all_advantages.mean())
     log("train/advantage/std", rollout.all_advantages.std() if len(rollout.all_advantages) > 1 else torch.zeros(()))
     log("rollout/nfe", float(nfe))
+    log("rollout/evaluations", torch.tensor(float(nfe) * size), reduce_fx="sum", sync_dist=True)  # every rank's
     log("rollout/forward_passes", float(nfe) * (2 if guidance != 1.0 else 1))
     log("rollout/samples_per_s", size / max(rollout.sampling_s, 1e-9))
     for key, value in metrics.items():

@@ -37,7 +37,10 @@ def save_adapter(policy: FlowPolicy, name: str, out: str | Path) -> Path:
 
 def load_adapter(policy: FlowPolicy, name: str, source: str) -> None:
     """Loads LoRA weights saved by :func:`save_adapter` (or diffusers' ``save_lora_weights``) into adapter ``name``;
-    ``source`` is the file, its folder, or an embedded ``flowrl/<name>`` folder.
+    ``source`` is the file, its folder, or an embedded ``flowrl/<name>`` folder. A ``.ckpt``/``.pt`` file holding
+    ``{"ema_parameters": [tensor, ...]}`` (the TDM-R1 code's EMA checkpoints, e.g. its TDM LoRA of SD3.5-M
+    ``Luo-Yihong/TDM_sd3-5_lora``) is read as the adapter's parameters in module order, shapes checked (not tested
+    against the published file, which cannot be downloaded here).
 
     Raises:
         FileNotFoundError: no weights at ``source``. ValueError: the weights do not fit the adapter (another rank,
@@ -52,9 +55,14 @@ def load_adapter(policy: FlowPolicy, name: str, source: str) -> None:
     file = path / WEIGHTS_NAME if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"no LoRA weights at {source!r} (looked for {file})")
-    prefix = _prefix(policy)
-    loaded = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in load_file(str(file)).items()}
     expected = get_peft_model_state_dict(policy.denoiser, adapter_name=name)
+    if file.suffix in (".ckpt", ".pt"):
+        loaded = dict(zip(expected, torch.load(file, map_location="cpu", weights_only=True)["ema_parameters"]))
+        if len(loaded) != len(expected):
+            raise ValueError(f"{source!r} holds {len(loaded)} tensors; adapter {name!r} has {len(expected)}")
+    else:
+        prefix = _prefix(policy)
+        loaded = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in load_file(str(file)).items()}
     wrong = sorted(set(loaded) ^ set(expected)) or [k for k in expected if loaded[k].shape != expected[k].shape]
     if wrong:
         raise ValueError(f"the LoRA weights at {source!r} do not fit adapter {name!r} (e.g. {wrong[:2]}); give "
