@@ -139,14 +139,15 @@ def checkpoint_problems(path: str) -> list[str]:
     if path in ("last", "best", "hpc", "registry") or path.startswith("registry:"):
         return []
     file = Path(path).expanduser()
-    fix = "pass an existing .ckpt (e.g. runs/<name>/version_N/checkpoints/last.ckpt), or leave ckpt_path out"
     if not file.exists():
-        return [f"ckpt_path={path!r} does not exist; {fix}"]
+        return [f"ckpt_path={path!r} does not exist; pass an existing .ckpt (e.g. "
+                "runs/<name>/version_N/checkpoints/last.ckpt), or leave ckpt_path out"]
+    fix = "pass an earlier step's checkpoint from the same folder, or leave ckpt_path out"
     if file.is_file() and file.stat().st_size == 0:
-        return [f"ckpt_path={path!r} is empty (0 bytes: a save that was cut off); {fix}, e.g. an earlier step's"]
+        return [f"ckpt_path={path!r} is empty (0 bytes: a save that was cut off); {fix}"]
     if file.is_file() and not zipfile.is_zipfile(file):
         return [f"ckpt_path={path!r} is not a complete checkpoint (not a torch.save zip archive: truncated or "
-                f"another kind of file); {fix}, e.g. an earlier step's"]
+                f"another kind of file); {fix}"]
     return []
 
 
