@@ -129,6 +129,7 @@ class DenseGRPO(FlowGRPO):
             part = {"prompts": prompts, "group_ids": torch.zeros(local, dtype=torch.long, device=self.device),
                     "seeds": torch.arange(first, first + local)}
             rollout = self.rollout_and_score(part, cond)
+            self.unlogged_evaluations += float(rollout.nfe.sum())  # counted in the next rollout/evaluations
             total, valid = self.reward_set.total(rollout.rewards)
             rewards = torch.cat([rollout.completion_rewards.to(total), torch.where(valid, total, torch.nan)[:, None]],
                                 dim=1)

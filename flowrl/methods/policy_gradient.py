@@ -89,6 +89,7 @@ class PolicyGradient(BaseModule):
                              micro_batch_size=micro_batch_size, check_ratio=check_ratio,
                              check_ratio_threshold=check_ratio_threshold, recompute_log_probs=recompute_log_probs)
         self.completions: Optional[Completions] = None  # dense step-reward methods set one
+        self.unlogged_evaluations = 0.0  # evaluations spent outside rollouts (calibration), counted at the next log
         if beta > 0:
             policy.setup_reference()
 
@@ -248,7 +249,9 @@ class PolicyGradient(BaseModule):
         nfe = float(rollout.nfe.sum()) / size  # mean model evaluations per row (a tree's leaf: its share)
         log("rollout/nfe", nfe)
         # the batch's model evaluations over every rank: the compute budget methods are compared at
-        log("rollout/evaluations", rollout.nfe.sum().float(), reduce_fx="sum", sync_dist=True)
+        log("rollout/evaluations", rollout.nfe.sum().float() + self.unlogged_evaluations, reduce_fx="sum",
+            sync_dist=True)
+        self.unlogged_evaluations = 0.0
         transitions = int(rollout.train_mask.sum())  # the batch's evaluations per transition the loss trains
         log("rollout/nfe_per_trained_step", float(rollout.nfe.sum()) / transitions if transitions else float("nan"))
         log("rollout/samples_per_s", size / max(sampling_s, 1e-9))

@@ -207,6 +207,8 @@ def test_cli_fit_with_the_tiny_config_logs_nfe(tmp_path, monkeypatch):
     per_step = [float(r["rollout/nfe_per_trained_step"]) for r in rows if r.get("rollout/nfe_per_trained_step")]
     assert nfe == [9.0, 9.0]  # 3 SDE steps + completions of 3, 2 and 1 steps
     assert per_step == [4.5, 4.5]  # 9 evaluations per trajectory over floor(3 * 0.99) = 2 trained steps
+    # the batch's evaluations: 4 trajectories x 9; the first batch also carries calibration's 4 x 9
+    assert [float(r["rollout/evaluations"]) for r in rows if r.get("rollout/evaluations")] == [72.0, 36.0]
     assert all(r["train/advantage/std"] for r in rows if r.get("rollout/nfe"))
 
 
