@@ -6,8 +6,9 @@
 Each method trains from its tiny config (``configs/tiny_<method>.yaml``: T=10, its published shape and numerics) on
 the 772 training prompts outside the validation set, ``--prompts`` prompts per batch (8 samples each for Flow-GRPO,
 DenseGRPO and TP-GRPO; one tree each for the tree methods), until it has spent ``--budget`` model evaluations
-(``rollout/evaluations``, a CFG pair counted once, completions and shared prefixes included): a one-batch probe run
-measures each method's evaluations per batch, which sets its ``max_steps``. Validation: the 128 held-out prompts of
+(``rollout/evaluations``, a CFG pair counted once, completions, shared prefixes and DenseGRPO's calibration
+included): a two-batch probe run measures each method's evaluations per batch, which sets its ``max_steps``.
+``--variant`` adds runs of a method with overrides (the levers that cut the cost of dense credit). Validation: the 128 held-out prompts of
 ``configs/prompts/digits_val.txt`` with the 10-step ODE, before the first batch, at ``--val-every`` batches' worth of
 budget and after the last. The runs' ``metrics.csv`` files go under ``--out/<method>/seed<k>/``; the plot
 (training reward and validation against cumulative evaluations, mean and min-max band over seeds) and a Markdown
@@ -50,13 +51,14 @@ def metrics_file(out: Path) -> Path:
     return path
 
 
-def evaluations_per_batch(config: str, out: Path, prompts: int) -> float:
-    """One batch of ``config`` at this batch shape: its ``rollout/evaluations``."""
-    finished(fit(config, out, 0, prompts, 1, ["--data.val_prompts=null", "--trainer.callbacks=[]",
-                                              "--trainer.callbacks+=flowrl.rewards.DigitAlignment"]),
+def evaluations_per_batch(config: str, out: Path, prompts: int, overrides: list[str]) -> float:
+    """One batch of ``config`` (with ``overrides``) at this batch shape: its ``rollout/evaluations``. DenseGRPO's
+    first batch also carries its calibration, so the probe takes two batches and reads the second."""
+    finished(fit(config, out, 0, prompts, 2, ["--data.val_prompts=null", "--trainer.callbacks=[]",
+                                              "--trainer.callbacks+=flowrl.rewards.DigitAlignment", *overrides]),
              f"probe of {config}")
     with open(metrics_file(out)) as f:
-        return next(float(r["rollout/evaluations"]) for r in csv.DictReader(f) if r.get("rollout/evaluations"))
+        return [float(r["rollout/evaluations"]) for r in csv.DictReader(f) if r.get("rollout/evaluations")][-1]
 
 
 def main(argv=None) -> None:
@@ -66,34 +68,44 @@ def main(argv=None) -> None:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per batch")
     parser.add_argument("--val-every", type=float, default=0.25, help="validate every this fraction of the budget")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=METHOD:OVERRIDE[,OVERRIDE]",
+                        help="an extra run of METHOD with command-line overrides, e.g. "
+                             "'DenseGRPO reused v=DenseGRPO:--model.init_args.completion_steps=0'")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once")
     parser.add_argument("--val-prompts", default=str(ROOT / "configs" / "prompts" / "digits_val.txt"),
                         help="held-out prompts (a file, or a list in YAML flow style)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
     parser.add_argument("--plot-only", action="store_true", help="only plot and tabulate existing runs")
     args = parser.parse_args(argv)
+    runs = {name: (METHODS[name], METHODS[name], []) for name in args.methods}  # label -> (config, folder, extra)
+    for spec in args.variant:
+        label, _, rest = spec.partition("=")
+        method, _, overrides = rest.partition(":")
+        if method not in METHODS:
+            raise SystemExit(f"--variant {spec!r}: choose a method from {list(METHODS)}")
+        folder = METHODS[method] + "__" + "".join(c if c.isalnum() else "_" for c in label.lower())
+        runs[label] = (METHODS[method], folder, [o for o in overrides.split(",") if o])
     if not args.plot_only:
         jobs = []
-        for name in args.methods:
-            config = METHODS[name]
-            per_batch = evaluations_per_batch(config, args.out / "probe" / config, args.prompts)
+        for name, (config, folder, overrides) in runs.items():
+            per_batch = evaluations_per_batch(config, args.out / "probe" / folder, args.prompts, overrides)
             batches = max(1, math.ceil(args.budget / per_batch))
             print(f"{name}: {per_batch:.0f} evaluations per batch -> {batches} batches", flush=True)
             every = max(1, round(batches * args.val_every))
             extra = [f"--trainer.val_check_interval={every}", "--trainer.check_val_every_n_epoch=null",
-                     "--data.val_batch_size=128", f"--data.val_prompts={args.val_prompts}"]
-            jobs += [(name, seed, config, batches, extra) for seed in args.seeds]
+                     "--data.val_batch_size=128", f"--data.val_prompts={args.val_prompts}", *overrides]
+            jobs += [(name, seed, config, folder, batches, extra) for seed in args.seeds]
         with ThreadPoolExecutor(args.jobs) as pool:
             def run(job):
-                name, seed, config, batches, extra = job
-                finished(fit(config, args.out / config / f"seed{seed}", seed, args.prompts, batches, extra),
+                name, seed, config, folder, batches, extra = job
+                finished(fit(config, args.out / folder / f"seed{seed}", seed, args.prompts, batches, extra),
                          f"{name} seed {seed}")
                 print(f"done: {name} seed {seed}", flush=True)
 
             list(pool.map(run, jobs))
-    runs = [f"{name}=" + ",".join(str(metrics_file(args.out / METHODS[name] / f"seed{s}")) for s in args.seeds)
-            for name in args.methods]
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_rewards.py"), *runs, "--x", "evaluations",
+    files = [f"{name}=" + ",".join(str(metrics_file(args.out / folder / f"seed{s}")) for s in args.seeds)
+             for name, (_, folder, _) in runs.items()]
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_rewards.py"), *files, "--x", "evaluations",
                     "--window", "5", "--table", "--out", str(args.out / "methods.png")], check=True)
 
 
