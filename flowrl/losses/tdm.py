@@ -148,7 +148,8 @@ def fake_score_loss(fake_v: Tensor, target_v: Tensor, real_v: Tensor, real_weigh
     >>> round(fake_score_loss(torch.zeros(1, 2), torch.ones(1, 2), torch.full((1, 2), 2.0)).item(), 6)  # 1 + 0.02 * 4
     1.08
     """
-    return _row_mean((target_v.detach() - fake_v).square()) + real_weight * _row_mean((real_v.detach() - fake_v).square())
+    fit = _row_mean((target_v.detach() - fake_v).square())
+    return fit + real_weight * _row_mean((real_v.detach() - fake_v).square())
 
 
 def generator_loss(x0: Tensor, real_cond: Tensor, real_uncond: Tensor, fake: Tensor, teacher_guidance: float,

@@ -1,5 +1,6 @@
 """Optimizer steps of named LoRA adapters for the likelihood-free methods (TDM-R1, DiffusionNFT): one optimizer per
-trained adapter, a gradient all-reduce per adapter, and steps that need not count as Lightning global steps.
+trained adapter, a gradient all-reduce per adapter, steps that need not count as Lightning global steps, and frozen
+adapters that trail trained ones.
 
 Every backward runs without DDP's gradient sync (``host.no_sync()``) and each adapter's gradients are averaged over
 the ranks once, just before its step (one collective, the same on every rank). DDP's own reducer expects a gradient
@@ -16,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from flowrl.policies.base import FlowPolicy
+from flowrl.policies.base import FlowPolicy, adapter_of
 
 
 def adapter_optimizers(factory: Callable, policy: FlowPolicy, adapters: list[str],
@@ -65,3 +66,12 @@ def adapter_step(host, optimizer, params: list[nn.Parameter], loss_finite: bool,
     reduce_gradients(host, params)
     step_with = optimizer if counted else Uncounted(optimizer, host.trainer.strategy)
     return host.finite_optimizer_step(step_with, loss_finite, params)
+
+
+@torch.no_grad()
+def follow(policy: FlowPolicy, follower: str, leader: str, decay: float) -> None:
+    """``follower <- decay follower + (1 - decay) leader``, parameter by parameter (decay 0: a copy). A frozen
+    adapter trailing a trained one: TDM-R1's ``surrogate_old``, DiffusionNFT's ``old``."""
+    params = {name: [p for n, p in policy.denoiser.named_parameters() if adapter_of(n) == name]
+              for name in (follower, leader)}
+    torch._foreach_lerp_(params[follower], params[leader], 1.0 - decay)

@@ -28,11 +28,11 @@ import torch
 from torch import Tensor
 
 from flowrl.losses.nft import nft_loss, old_decay, optimality_probability
-from flowrl.methods.adapter_steps import adapter_step, backward
+from flowrl.methods.adapter_steps import adapter_step, backward, follow
 from flowrl.methods.base import BaseModule
 from flowrl.methods.likelihood_free_options import diffusion_nft_problems
 from flowrl.methods.outcome_rollout import log_outcome, outputs, sample_and_score, select
-from flowrl.policies.base import FlowPolicy, adapter_of
+from flowrl.policies.base import FlowPolicy
 from flowrl.sampling.sampler import branch_seed, seeded_noise
 from flowrl.sampling.steps import ODE_STEPS
 
@@ -94,14 +94,7 @@ class DiffusionNFT(BaseModule):
         self.step_kind = step_kind or ODE_STEPS[policy.prediction]
         self.advantage_options = dict(advantage_options or {})
         policy.add_adapter("old", policy.lora, trainable=False)
-        self._follow_policy(0.0)
-
-    @torch.no_grad()
-    def _follow_policy(self, decay: float) -> None:
-        """``old <- decay old + (1 - decay) default`` (0: a copy)."""
-        params = {name: [p for n, p in self.policy.denoiser.named_parameters() if adapter_of(n) == name]
-                  for name in ("default", "old")}
-        torch._foreach_lerp_(params["old"], params["default"], 1.0 - decay)
+        follow(policy, "old", "default", 0.0)  # a copy
 
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         self.policy.eval()  # no dropout: sampling and training see the same network
@@ -134,7 +127,7 @@ class DiffusionNFT(BaseModule):
                 losses.append(loss.detach())
                 passes += len(chunk) * (3 if self.beta > 0 else 2)
             norms.append(adapter_step(self, self.optimizers(), self.policy.trainable_parameters("default"), finite))
-        self._follow_policy(old_decay(self.global_step, self.old_decay.delay, self.old_decay.rate,
+        follow(self.policy, "old", "default", old_decay(self.global_step, self.old_decay.delay, self.old_decay.rate,
                                       self.old_decay.limit))
         taken = [n for n in norms if n is not None]
         log_outcome(self, rollout, self.num_steps, {

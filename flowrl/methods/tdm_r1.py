@@ -35,11 +35,11 @@ from torch import Tensor
 
 from flowrl.losses.tdm import (fake_score_loss, frozen_rows, generator_loss, group_logits, group_preference_loss,
                                renoise, renoise_sigma, surrogate_target)
-from flowrl.methods.adapter_steps import adapter_optimizers, adapter_step, backward
+from flowrl.methods.adapter_steps import adapter_optimizers, adapter_step, backward, follow
 from flowrl.methods.base import BaseModule
 from flowrl.methods.likelihood_free_options import tdm_r1_problems
 from flowrl.methods.outcome_rollout import OutcomeRollout, log_outcome, outputs, sample_and_score, select
-from flowrl.policies.base import Conditioning, FlowPolicy, adapter_of
+from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.sampling.sampler import branch_seed, seeded_noise
 from flowrl.sampling.steps import ODE_STEPS
 
@@ -104,7 +104,7 @@ class TDMR1(BaseModule):
             from flowrl.policies.adapter_weights import load_adapter
 
             load_adapter(policy, "default", generator_init)
-        self._follow_surrogate(0.0)
+        follow(policy, "surrogate_old", "surrogate", 0.0)  # a copy
         self.forward_passes = 0
 
     def configure_optimizers(self):
@@ -132,13 +132,6 @@ class TDMR1(BaseModule):
         """Noise ``[B, *latent]``, row ``i`` from ``(keys[i], seed, step, *path)``: a row seed or a group id."""
         seeds = torch.tensor([branch_seed(int(k), [self.seed, self.global_step, *path]) for k in keys.tolist()])
         return seeded_noise(seeds, self.policy.latent_shape(), 1, self.device)[:, 0]
-
-    @torch.no_grad()
-    def _follow_surrogate(self, decay: float) -> None:
-        """``surrogate_old <- decay surrogate_old + (1 - decay) surrogate`` (0: a copy)."""
-        params = {name: [p for n, p in self.policy.denoiser.named_parameters() if adapter_of(n) == name]
-                  for name in ("surrogate", "surrogate_old")}
-        torch._foreach_lerp_(params["surrogate_old"], params["surrogate"], 1.0 - decay)
 
     # -- the step ------------------------------------------------------------------------------------------
 
@@ -222,7 +215,8 @@ class TDMR1(BaseModule):
             weight_mean += float(weights.mean()) / m
         norm = adapter_step(self, opt, self.policy.trainable_parameters("surrogate"),
                             bool(torch.isfinite(torch.tensor(total))), counted=False)
-        self._follow_surrogate(min(OLD_DECAY[2], OLD_DECAY[0] + OLD_DECAY[1] * self.global_step))
+        decay = min(OLD_DECAY[2], OLD_DECAY[0] + OLD_DECAY[1] * self.global_step)  # the code's ema_old decay
+        follow(self.policy, "surrogate_old", "surrogate", decay)
         return {"loss/surrogate": total, "grad_norm/surrogate": norm or float("nan"),
                 "surrogate/frozen_frac": frozen_frac, "surrogate/weight_mean": weight_mean}
 

@@ -41,7 +41,8 @@ def test_group_logits_are_per_group_and_frozen_rows_carry_no_gradient():
                      torch.tensor([7, 7, 3, 3]), 1.0)
     assert s.tolist() == pytest.approx([-0.2, -0.2, 0.1, 0.1])
     dsm = torch.tensor([0.5, 0.5]).requires_grad_()
-    group_preference_loss(dsm, torch.tensor([1.0, 1.0]), torch.tensor([0.5, 0.5]), torch.tensor([True, False])).backward()
+    frozen = torch.tensor([True, False])
+    group_preference_loss(dsm, torch.tensor([1.0, 1.0]), torch.tensor([0.5, 0.5]), frozen).backward()
     assert dsm.grad.tolist() == [0.0, 0.25]  # 0.5 * 1 / 2 for the free row
 
 

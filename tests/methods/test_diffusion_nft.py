@@ -11,6 +11,7 @@ import torch
 from flowrl.cli import main
 from flowrl.losses.nft import nft_loss
 from flowrl.methods import BaseModule, DiffusionNFT
+from flowrl.methods.adapter_steps import follow
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.policies.base import adapter_of
 from flowrl.policies.export import load_policy
@@ -39,7 +40,7 @@ def test_old_adapter_starts_as_a_copy_and_follows_by_hand(method):
             p.fill_(2.0)
         for p in adapter_params(policy, "old"):
             p.fill_(4.0)
-    method._follow_policy(0.25)  # old <- 0.25 * 4 + 0.75 * 2 = 2.5
+    follow(policy, "old", "default", 0.25)  # old <- 0.25 * 4 + 0.75 * 2 = 2.5
     assert all(torch.allclose(p, torch.full_like(p, 2.5)) for p in adapter_params(policy, "old"))
 
 

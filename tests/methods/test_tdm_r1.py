@@ -10,6 +10,7 @@ import torch
 
 from flowrl.cli import main
 from flowrl.methods import TDMR1, BaseModule
+from flowrl.methods.adapter_steps import follow
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.policies.base import adapter_of
 from flowrl.policies.export import load_policy
@@ -33,7 +34,8 @@ def adapter_params(policy, name):
 def test_adapters_draws_and_the_old_surrogate_by_hand(method):
     policy = method.policy
     assert policy.adapter_names == list(ADAPTERS) and policy.active_adapter == "default"
-    assert not policy.trainable_parameters("surrogate_old") and all(policy.trainable_parameters(a) for a in ADAPTERS[:3])
+    assert not policy.trainable_parameters("surrogate_old")
+    assert all(policy.trainable_parameters(a) for a in ADAPTERS[:3])
     # surrogate_old starts as a copy of the surrogate (its random LoRA A included)
     assert all(torch.equal(o, s) for o, s in zip(adapter_params(policy, "surrogate_old"),
                                                   adapter_params(policy, "surrogate")))
@@ -42,7 +44,7 @@ def test_adapters_draws_and_the_old_surrogate_by_hand(method):
             p.fill_(1.0)
         for p in adapter_params(policy, "surrogate_old"):
             p.fill_(3.0)
-    method._follow_surrogate(0.3)  # old <- 0.3 * 3 + 0.7 * 1 = 1.6
+    follow(policy, "surrogate_old", "surrogate", 0.3)  # old <- 0.3 * 3 + 0.7 * 1 = 1.6
     assert all(torch.allclose(p, torch.full_like(p, 1.6)) for p in adapter_params(policy, "surrogate_old"))
     sigmas = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
     plan = method.plan(sigmas)
