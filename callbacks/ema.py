@@ -10,6 +10,10 @@ average 18.8M LoRA numbers (75 MB in float32). This callback keeps those numbers
 
 with ``n`` the optimizer steps taken since ``start_step`` (flow_grpo passes its optimizer step count, not the
 number of EMA updates; diffusers' ``EMAModel`` has the same ``(1 + n) / (10 + n)`` warm-up).
+
+Under FSDP2 (``--trainer.strategy=fsdp2``) the trained weights are DTensor shards, and so is the average: each rank
+averages and swaps in its own shard with no communication (memory per rank: its shard), the sharded checkpoint keeps
+every rank's shard (``flowrl.methods.fsdp2_strategy``), and ``python -m flowrl export --ema`` gathers them whole.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 
 def ema_decay(decay: float, n: int, warmup: bool) -> float:
@@ -31,6 +36,15 @@ def ema_decay(decay: float, n: int, warmup: bool) -> float:
     (0.9, 0.9)
     """
     return min(decay, (1 + n) / (10 + n)) if warmup else decay
+
+
+def _copy_(targets: list[Tensor], sources: list[Tensor]) -> None:
+    """``torch._foreach_copy_``, one tensor at a time for DTensor shards (FSDP2), which it has no rule for."""
+    if any(isinstance(t, DTensor) for t in targets):
+        for target, source in zip(targets, sources):
+            target.copy_(source)
+    else:
+        torch._foreach_copy_(targets, sources)
 
 
 def trainable_parameters(pl_module: nn.Module, adapter: Optional[str] = None) -> list[tuple[str, nn.Parameter]]:
@@ -114,7 +128,7 @@ class EMA(Callback):
         shadow = list(self.shadow.values())
         live = [p.detach().to(torch.float32) for _, p in self._params]
         if step < self.start_step:
-            torch._foreach_copy_(shadow, live)
+            _copy_(shadow, live)
         elif step // self.every_n_steps > self._last_step // self.every_n_steps:
             decay = ema_decay(self.decay, step - self.start_step, self.warmup)
             torch._foreach_lerp_(shadow, live, 1.0 - decay)
@@ -130,14 +144,14 @@ class EMA(Callback):
             return
         params = [p for _, p in self._params]
         self._live = [p.detach().clone() for p in params]
-        torch._foreach_copy_(params, list(self.shadow.values()))
+        _copy_(params, list(self.shadow.values()))
 
     @torch.no_grad()
     def swap_out(self) -> None:
         """Put the trained weights back, bit for bit."""
         if self._live is None:
             return
-        torch._foreach_copy_([p for _, p in self._params], self._live)
+        _copy_([p for _, p in self._params], self._live)
         self._live = None
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
@@ -150,7 +164,7 @@ class EMA(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self.swap_out()
         if self.apply_at_end and self.shadow is not None:
-            torch._foreach_copy_([p for _, p in self._params], list(self.shadow.values()))
+            _copy_([p for _, p in self._params], list(self.shadow.values()))
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         if self._live is not None:  # saved while the average is swapped in: the module entry keeps the trained weights

@@ -33,10 +33,11 @@ import flowrl.framework_notices  # noqa: F401  first: its filters must be in pla
 from flowrl.callbacks.image_writer import ImageWriter
 from flowrl.callbacks.progress import RunProgressBar
 from flowrl.callbacks.run_header import RunHeader
-from flowrl.data import GroupLayout, PromptDataModule
+from flowrl.data import GroupLayout, PromptDataModule, load_prompts
 from flowrl.hub import model_problems
 from flowrl.log_versions import launched_as_rank_zero, share_log_versions
 from flowrl.methods.base import BaseModule
+from flowrl.methods.strategy_problems import strategy_problems
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,  # the group sampler already splits batches over ranks
@@ -88,7 +89,14 @@ def config_problems(config: Any) -> list[str]:
                             ".txt/.jsonl file or a list of prompts")
     if ckpt := config.get("ckpt_path"):
         problems += checkpoint_problems(str(ckpt))
-    return problems
+    return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
+
+
+def _count_prompts(source: Any) -> int:
+    try:
+        return len(load_prompts(source)) if source is not None else 0
+    except (OSError, ValueError):  # reported above as its own problem
+        return 0
 
 
 def world_size(trainer: dict) -> Optional[int]:

@@ -17,7 +17,10 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
+from flowrl.methods.deepspeed_steps import accumulating, deepspeed_engine, deepspeed_step
+from flowrl.methods.fsdp2_strategy import shard_for_strategy
 from flowrl.methods.options import base_option_problems
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
@@ -69,6 +72,10 @@ class BaseModule(LightningModule):
     def configure_optimizers(self):
         return self.optimizer_factory(self.policy.trainable_parameters())
 
+    def configure_model(self) -> None:
+        # Lightning calls this under every strategy, before the optimizers exist; only FSDP2 changes the model here
+        shard_for_strategy(self.trainer.strategy, self.policy)
+
     # -- rewards -------------------------------------------------------------------------------------------
 
     @property
@@ -116,9 +123,12 @@ class BaseModule(LightningModule):
         return slice(start, start + sizes[rank])
 
     def no_sync(self):
-        """Skip the gradient all-reduce of a non-final micro-batch (DDP); a no-op on one device."""
+        """Skip the gradient all-reduce of a non-final micro-batch (DDP, FSDP2; DeepSpeed: not an accumulation
+        boundary); a no-op on one device."""
         from contextlib import nullcontext
 
+        if (engine := deepspeed_engine(self.trainer)) is not None:
+            return accumulating(engine)
         block = getattr(self.trainer.strategy, "block_backward_sync", None)
         return block() if block is not None else nullcontext()
 
@@ -126,11 +136,17 @@ class BaseModule(LightningModule):
 
     def grad_norm(self, parameters: Optional[list] = None) -> float:
         grads = [p.grad for p in (parameters or self.policy.trainable_parameters()) if p.grad is not None]
-        return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        if not grads:
+            return 0.0
+        norm = torch.nn.utils.get_total_norm(grads)
+        # FSDP2: the gradients are shards (DTensors), and so is their norm until reduced: the global norm is wanted
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
     def finite_optimizer_step(self, optimizer, loss_finite: bool, parameters: Optional[list] = None) -> Optional[float]:
         """Clip and take the optimizer step unless the loss or the gradient norm is non-finite on any rank, then zero
         the gradients. Returns the gradient norm before clipping, or None for a skipped step."""
+        if (engine := deepspeed_engine(self.trainer)) is not None:  # its optimizer owns the gradients and clipping
+            return deepspeed_step(self, engine, optimizer, loss_finite)
         grad_norm = self.grad_norm(parameters)
         if self.skip_nonfinite_step(loss_finite, grad_norm):
             optimizer.zero_grad()

@@ -18,10 +18,12 @@ from torch import Tensor
 @dataclass
 class Minibatch:
     """One optimizer step's share of a rank: ``size`` pairs over every rank (the mean's denominator) and this
-    rank's ``micro`` batches of (local row, step) pairs ``[P_i, 2]`` (empty when it holds none of them)."""
+    rank's ``micro`` batches of (local row, step) pairs ``[P_i, 2]`` (empty when it holds none of them); under FSDP,
+    ``padding`` more micro-batches of weight 0 so that every rank runs as many forward passes (each a collective)."""
 
     size: int
     micro: list[Tensor]
+    padding: int = 0
 
 
 def shuffled_minibatches(pairs: Tensor, gen: torch.Generator, num_minibatches: int,

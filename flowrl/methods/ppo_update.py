@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from flowrl import losses
+from flowrl.methods.fsdp2_strategy import forward_is_collective
 from flowrl.methods.micro_batches import Minibatch, rank_minibatches
 from flowrl.policies.base import Conditioning
 from flowrl.sampling.rollout import Rollout
@@ -40,11 +41,18 @@ class PPOUpdate:
     check_ratio_threshold: float = 1e-3
     recompute_log_probs: bool = False
 
-    def minibatches(self, pairs: Tensor, gen: torch.Generator, rows: tuple[int, int] = (0, -1)) -> list[Minibatch]:
+    def minibatches(self, pairs: Tensor, gen: torch.Generator, rows: tuple[int, int] = (0, -1),
+                    host=None) -> list[Minibatch]:
         """One epoch of the gathered ``pairs`` shuffled into minibatches, this rank's ``rows`` of each in
-        micro-batches; whole samples for a sequence-level loss (``gspo``)."""
-        return rank_minibatches(pairs, gen, self.num_minibatches, self.micro_batch_size,
-                                whole_samples=losses.is_sequence_level(self.loss), rows=rows)
+        micro-batches; whole samples for a sequence-level loss (``gspo``). Where the host's forward passes are
+        collectives (FSDP), each minibatch is padded to the most micro-batches any rank has (one all-reduce)."""
+        out = rank_minibatches(pairs, gen, self.num_minibatches, self.micro_batch_size,
+                               whole_samples=losses.is_sequence_level(self.loss), rows=rows)
+        if host is None or not forward_is_collective(host.trainer.strategy):
+            return out
+        counts = torch.tensor([len(mb.micro) for mb in out], device=host.device)
+        most = host.trainer.strategy.reduce(counts, reduce_op="max").tolist()
+        return [dataclasses.replace(mb, padding=n - len(mb.micro)) for mb, n in zip(out, most)]
 
     def micro_batches(self, pairs: Tensor, gen: torch.Generator) -> list[list[Tensor]]:
         """One epoch of one rank's shuffled micro-batches per minibatch."""
@@ -68,31 +76,39 @@ class PPOUpdate:
         own = (rows.start, rows.stop) if world > 1 else (0, -1)
         gen = torch.Generator().manual_seed(seed)
         checked = {}
-        first_epoch = [mb.micro for mb in self.minibatches(global_pairs, torch.Generator().manual_seed(seed), own)]
+        # a pair this rank can compute, for the weight-0 micro-batches that keep forward counts equal under FSDP
+        filler = pairs[:1] if len(pairs) else global_pairs[:1] * torch.tensor([0, 1], device=global_pairs.device)
+        first_epoch = [mb.micro + [filler] * mb.padding
+                       for mb in self.minibatches(global_pairs, torch.Generator().manual_seed(seed), own, host)
+                       ] if self.recompute_log_probs or (self.check_ratio and host.global_step == 0) else []
         if self.recompute_log_probs:
             rollout = dataclasses.replace(rollout, log_probs=self.recomputed_log_probs(host, rollout, cond,
-                                                                                         first_epoch))
+                                                                                         first_epoch, filler))
         if self.check_ratio and host.global_step == 0:
             checked["check_ratio_max_dev"] = self.on_policy_ratio_deviation(host, rollout, cond, advantages, weights,
-                                                                            first_epoch)
+                                                                            first_epoch, filler)
         sums: dict[str, float] = {}
         extremes = {"ratio_min": float("inf"), "ratio_max": float("-inf")}
         grad_norms: list[float] = []
         skipped = 0
         for _ in range(self.num_inner_epochs):
-            for minibatch in self.minibatches(global_pairs, gen, own):
+            for minibatch in self.minibatches(global_pairs, gen, own, host):
                 finite = True
-                for i, chunk in enumerate(minibatch.micro):
-                    with nullcontext() if i == len(minibatch.micro) - 1 else host.no_sync():
+                chunks = minibatch.micro + [filler] * minibatch.padding
+                for i, chunk in enumerate(chunks):
+                    with nullcontext() if i == len(chunks) - 1 else host.no_sync():
                         loss, stats = self.pair_loss(host, rollout, cond, advantages, weights, chunk)
                         # DDP averages gradients over ranks: scaled so the result is the minibatch's mean
-                        host.manual_backward(loss * (len(chunk) * world) / minibatch.size)
+                        host.manual_backward(loss * (len(chunk) * world) / minibatch.size if i < len(minibatch.micro)
+                                             else loss * 0.0)
+                    if i >= len(minibatch.micro):  # padding: its forward and backward only keep FSDP's collectives
+                        continue
                     finite &= bool(torch.isfinite(loss))
                     extremes["ratio_min"] = min(extremes["ratio_min"], stats.pop("ratio_min"))
                     extremes["ratio_max"] = max(extremes["ratio_max"], stats.pop("ratio_max"))
                     for key, value in stats.items():
                         sums[key] = sums.get(key, 0.0) + value * len(chunk)
-                if not minibatch.micro:  # none of this minibatch's pairs are here: join its gradient sync with zeros
+                if not chunks:  # none of this minibatch's pairs are here (DDP): join its gradient sync with zeros
                     host.manual_backward(sum(p.sum() for p in host.policy.trainable_parameters()) * 0.0)
                 grad_norm = host.finite_optimizer_step(opt, finite)
                 if grad_norm is None:
@@ -137,14 +153,17 @@ class PPOUpdate:
 
     @torch.no_grad()
     def on_policy_ratio_deviation(self, host, rollout: Rollout, cond: Conditioning, advantages: Tensor,
-                                  weights: Tensor, epoch: list[list[Tensor]]) -> float:
+                                  weights: Tensor, epoch: list[list[Tensor]], filler: Optional[Tensor] = None) -> float:
         """max |ratio - 1| over every trained pair with the unchanged weights, in the update's micro-batches ``epoch``
-        (the first epoch's, so each pair is recomputed in the same batch composition as its first training pass).
-        Warns on rank zero above ``check_ratio_threshold``."""
+        (the first epoch's, so each pair is recomputed in the same batch composition as its first training pass;
+        chunks that are ``filler`` only pad the forward count and are left out). Warns on rank zero above
+        ``check_ratio_threshold``."""
         deviation = 0.0
         for micro in epoch:
             for chunk in micro:
                 _, stats = self.pair_loss(host, rollout, cond, advantages, weights, chunk)
+                if chunk is filler:
+                    continue
                 deviation = max(deviation, stats["ratio_max"] - 1, 1 - stats["ratio_min"])
         if deviation > self.check_ratio_threshold:
             rank_zero_warn(f"check_ratio: max |ratio - 1| = {deviation:.3g} with unchanged weights exceeds "
@@ -154,12 +173,16 @@ class PPOUpdate:
         return deviation
 
     @torch.no_grad()
-    def recomputed_log_probs(self, host, rollout: Rollout, cond: Conditioning, epoch: list[list[Tensor]]) -> Tensor:
+    def recomputed_log_probs(self, host, rollout: Rollout, cond: Conditioning, epoch: list[list[Tensor]],
+                             filler: Optional[Tensor] = None) -> Tensor:
         """The rollout's log-probs with every trained pair's replaced by its value under the current weights,
-        computed in the micro-batches ``epoch`` (the update's first epoch, so each pair in its batch composition)."""
+        computed in the micro-batches ``epoch`` (the update's first epoch, so each pair in its batch composition;
+        chunks that are ``filler`` only pad the forward count and are left out)."""
         log_probs = rollout.log_probs.clone()
         for micro in epoch:
             for chunk in micro:
-                log_probs[chunk[:, 0], chunk[:, 1]] = host.transition(rollout, cond, chunk).log_prob
+                log_prob = host.transition(rollout, cond, chunk).log_prob
+                if chunk is not filler:
+                    log_probs[chunk[:, 0], chunk[:, 1]] = log_prob
         return log_probs
 

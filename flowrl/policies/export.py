@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from flowrl.policies.base import FlowPolicy, adapter_of
+from flowrl.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
 
 REFERENCE_PREFIX = "reference_denoiser."
 
@@ -112,9 +113,13 @@ def ema_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
 def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool = False) -> FlowPolicy:
     """The policy of a fit run with the checkpoint's trained weights (``ema``: their EMA average instead)."""
     ckpt = Path(ckpt)
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"checkpoint {ckpt} does not exist; pass a .ckpt written by the fit run")
-    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    if is_sharded_checkpoint(ckpt):  # an FSDP2 run's folder: every rank's shards, gathered whole in this process
+        checkpoint = load_consolidated(ckpt)
+    elif ckpt.is_file():
+        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    else:
+        raise FileNotFoundError(f"checkpoint {ckpt} does not exist; pass a .ckpt written by the fit run (a file, or "
+                                "the folder of a sharded one)")
     average = ema_weights(checkpoint) if ema else {}  # before the (slow) policy load: a missing EMA fails first
     policy = policy_from_config(Path(config) if config else find_run_config(ckpt))
     state = {**checkpoint["state_dict"], **average}
@@ -131,7 +136,8 @@ def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool
 
 def main(args: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flowrl export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ckpt", required=True, help="a checkpoint of a fit run")
+    parser.add_argument("--ckpt", required=True, help="a checkpoint of a fit run (a file, or a sharded checkpoint's "
+                        "folder from --trainer.strategy=fsdp2)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--config", help="the run's config (default: config.yaml saved beside the checkpoints)")
     parser.add_argument("--merged", action="store_true", help="also write the pipeline with LoRA fused, to OUT/merged")

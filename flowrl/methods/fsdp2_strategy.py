@@ -1,0 +1,143 @@
+"""FSDP2 as a one-word Lightning strategy: ``--trainer.strategy=fsdp2``.
+
+:class:`FSDP2Strategy` is Lightning's ``ModelParallelStrategy`` with every process one data-parallel rank (no tensor
+parallelism), so the weights the policy's plan (:mod:`flowrl.policies.sharding`) hands to ``fully_shard`` are split
+over all processes of all nodes. Unlike Lightning's ``fsdp`` (FSDP1), it runs on a CPU accelerator too (gloo), which
+is how the tests check it. What it adds to ``ModelParallelStrategy``:
+
+- ``block_backward_sync`` (the loop's ``no_sync``) turns off FSDP2's gradient reduce-scatter
+  (``set_requires_gradient_sync``) for the non-final micro-batches of a minibatch, as DDP's ``no_sync`` does;
+- callbacks whose state holds sharded tensors (the EMA of sharded weights) save and resume them per rank
+  (:mod:`flowrl.sharded_checkpoint`) instead of rank zero's shard only;
+- importing :mod:`flowrl.methods` registers the name ``fsdp2`` in Lightning's ``StrategyRegistry``.
+
+Under FSDP2 every forward of the denoiser is a collective (its blocks are all-gathered), so every rank must run the
+same number of them: the PPO update pads a rank's micro-batches to the most any rank has (weight 0), and the checks
+before loading require equal validation batch counts (:func:`fsdp2_problems`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
+
+from flowrl.policies.sharding import shard_policy
+from flowrl.sharded_checkpoint import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
+                                       split_sharded)
+
+NAME = "fsdp2"
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 over every process (``tensor_parallel_size=1``); see the module docstring.
+
+    Args:
+        reshard_after_forward: free each block's gathered weights after its forward (False: keep them until the
+            backward, less communication and more memory).
+        save_distributed_checkpoint: each rank writes its shards into a checkpoint folder (False: rank zero writes
+            one file with every weight gathered).
+        data_parallel_size, tensor_parallel_size, process_group_backend, timeout: ``ModelParallelStrategy``'s;
+            ``data_parallel_size="auto"`` is every process.
+    """
+
+    def __init__(self, reshard_after_forward: bool = True, save_distributed_checkpoint: bool = True,
+                 data_parallel_size: Any = "auto", tensor_parallel_size: int = 1,
+                 process_group_backend: Optional[str] = None, **kwargs: Any):
+        super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size,
+                         save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend, **kwargs)
+        self.reshard_after_forward = reshard_after_forward
+
+    def setup_environment(self) -> None:
+        # ModelParallelStrategy's "auto" is one data-parallel rank per node (tensor parallelism within a node);
+        # flowrl applies no tensor parallelism, so every process is a data-parallel rank
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size = self.num_nodes * self.num_processes // self._tensor_parallel_size
+        super().setup_environment()
+
+    def _fsdp_modules(self) -> list:
+        from torch.distributed.fsdp import FSDPModule
+
+        return [m for m in self.model.modules() if isinstance(m, FSDPModule)] if self.model is not None else []
+
+    @contextmanager
+    def block_backward_sync(self):
+        """No gradient reduce-scatter in the backward passes inside (gradients accumulate unsharded); the next
+        backward outside reduces everything accumulated, as DDP's ``no_sync``."""
+        modules = self._fsdp_modules()
+        for m in modules:
+            m.set_requires_gradient_sync(False, recurse=False)
+        try:
+            yield
+        finally:
+            for m in modules:
+                m.set_requires_gradient_sync(True, recurse=False)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
+        callbacks, sharded = split_sharded(checkpoint.get("callbacks", {}))
+        if not sharded:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        if not self._save_distributed_checkpoint:  # one file: gather the callbacks' tensors whole too (every rank)
+            checkpoint["callbacks"] = fill_sharded(callbacks, {k: v.full_tensor() for k, v in sharded.items()})
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        from torch.distributed.checkpoint import save
+
+        # ModelParallelStrategy's distributed save, with the callbacks' shards as one more top-level entry
+        path = Path(self.broadcast(filepath))
+        if path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"state_dict": checkpoint.pop("state_dict"), SHARDED_KEY: sharded,
+                 **{f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))}}
+        save(state, checkpoint_id=path)
+        checkpoint["callbacks"] = callbacks
+        if self.global_rank == 0:
+            torch.save(checkpoint, path / META)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        metadata = super().load_checkpoint(checkpoint_path, weights_only)
+        path = Path(self.broadcast(checkpoint_path))
+        templates = shard_templates(metadata.get("callbacks", {}), self.device_mesh["data_parallel"])
+        if templates and is_sharded_checkpoint(path):
+            from torch.distributed.checkpoint import load
+
+            state = {SHARDED_KEY: templates}
+            load(state, checkpoint_id=path)
+            metadata["callbacks"] = fill_sharded(metadata["callbacks"], state[SHARDED_KEY])
+        return metadata
+
+
+def forward_is_collective(strategy) -> bool:
+    """Whether each forward of the denoiser all-gathers weights from every rank (FSDP2 or DeepSpeed ZeRO-3 on
+    several processes), so every rank must run as many as the others."""
+    sharded = isinstance(strategy, ModelParallelStrategy) or getattr(strategy, "zero_stage_3", False)
+    return bool(sharded) and strategy.world_size > 1
+
+
+def shard_for_strategy(strategy, policy) -> list[str]:
+    """Apply the policy's sharding plan when the strategy is FSDP2 (``ModelParallelStrategy``); other strategies
+    keep the model as it is. Returns the sharded modules' names.
+
+    Raises:
+        ValueError: a ``ModelParallelStrategy`` with tensor parallelism, which flowrl does not apply.
+    """
+    if not isinstance(strategy, ModelParallelStrategy):
+        return []
+    mesh = strategy.device_mesh
+    if mesh["tensor_parallel"].size() > 1:
+        raise ValueError(f"ModelParallelStrategy with tensor_parallel_size={mesh['tensor_parallel'].size()}: flowrl "
+                         "shards with FSDP2 over data-parallel ranks only; use --trainer.strategy=fsdp2")
+    return shard_policy(policy, mesh["data_parallel"], getattr(strategy, "reshard_after_forward", True))
+
+
+def register() -> None:
+    if NAME not in StrategyRegistry:
+        StrategyRegistry.register(NAME, FSDP2Strategy,
+                                  description="FSDP2 (fully_shard) over every process, on CPU or GPU (flowrl)")
+
+
+register()

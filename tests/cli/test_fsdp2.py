@@ -1,0 +1,101 @@
+"""FSDP2 (``--trainer.strategy=fsdp2``) on 2 CPU processes through ``python -m flowrl fit``: the same advantages,
+gradient norms and weights as a 1-process run (LoRA, and full fine-tuning with a sharded KL reference and clipping),
+each rank holding a shard of the denoiser, an exact resume from a sharded checkpoint with EMA, and the dense-reward
+methods' ODE completions on sharded weights. Each 2-process run is a real subprocess with a timeout."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrl.sharded_checkpoint import load_consolidated
+from tests.cli.test_ddp_configs import fit, one_process, summary
+from tests.cli.test_fit import assert_two_ranks_equal_one, fit_args, load_steps, run_cli
+
+FSDP2 = ["--trainer.devices=2", "--trainer.strategy=fsdp2"]
+# SGD at lr 1 (as the DDP test): a rank missing the gradient reduce-scatter would be off by O(1)
+SGD = ["--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.lr=1.0"]
+CASES = {
+    "lora": ["--model.init_args.max_grad_norm=null"],
+    # two minibatches per batch: the ranks' micro-batch counts differ, so the shorter rank pads (weight 0); clipping
+    # at 0.05 binds (a per-rank norm would clip differently); beta > 0 runs the sharded reference
+    "full": ["--model.init_args.policy.init_args.lora=null", "--trainer.callbacks.full=true",
+             "--model.init_args.beta=0.1", "--model.init_args.max_grad_norm=0.05", "--model.init_args.num_minibatches=2",
+             "--trainer.max_steps=4", "--model.init_args.check_ratio=true", "--model.init_args.recompute_log_probs=true"],
+}
+
+
+def assert_full_runs_equal(one_dir: Path, two_dir: Path) -> None:
+    """Full fine-tuning: every step's advantages (matched by seed) and every final weight of the 2-process run equal
+    the 1-process run's; the trained weights moved away from the frozen reference (the initial weights), by steps
+    the clip bound limited."""
+    one, two = load_steps(one_dir), load_steps(two_dir)
+    for step in sorted({k.split("_")[0] for k in one}):
+        ranks = [two[f"{step}_rank{r}"] for r in (0, 1)]
+        seeds = torch.cat([r["seeds"] for r in ranks])
+        torch.testing.assert_close(torch.cat([r["advantages"] for r in ranks])[seeds.argsort()],
+                                   one[f"{step}_rank0"]["advantages"][one[f"{step}_rank0"]["seeds"].argsort()])
+    assert one["step0_rank0"]["grad_norm"] > 0.05  # above the clip bound: the clipping acted
+    w1, w2 = torch.load(one_dir / "dump/weights.pt"), torch.load(two_dir / "dump/weights.pt")
+    assert w1.keys() == w2.keys() and all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-7) for k in w1)
+    trained = [k for k in w1 if k.startswith("denoiser.")]
+    assert any(not torch.equal(w1[k], w1["reference_" + k]) for k in trained)
+    assert all(torch.equal(w1["reference_" + k], w2["reference_" + k]) for k in trained)
+
+
+def held_bytes(dump: Path, rank: int) -> dict[str, int]:
+    return torch.load(dump / f"held_bytes_rank{rank}.pt")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fsdp2_two_processes_equal_one_process(tiny_model_dir, tmp_path, case):
+    common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=3", *SGD, *CASES[case]]
+    run_cli(fit_args(tiny_model_dir, tmp_path / "one", *common), tmp_path)
+    run_cli(fit_args(tiny_model_dir, tmp_path / "two", *common, *FSDP2), tmp_path)
+    if case == "lora":
+        assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
+    else:
+        assert_full_runs_equal(tmp_path / "one", tmp_path / "two")
+    one = load_steps(tmp_path / "one")
+    for step, ranks in load_steps(tmp_path / "two").items():  # the logged norm is the global one on every rank
+        torch.testing.assert_close(ranks["grad_norm"], one[step[:-1] + "0"]["grad_norm"])
+    # each rank holds about half of the denoiser (and of the reference): sharded, never a whole copy per rank
+    whole = held_bytes(tmp_path / "one/dump", 0)
+    for rank in (0, 1):
+        for name, size in held_bytes(tmp_path / "two/dump", rank).items():
+            assert 0.4 * whole[name] < size < 0.6 * whole[name], (name, size, whole[name])
+
+
+def test_fsdp2_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    extra = [*FSDP2, "--trainer.callbacks+=flowrl.callbacks.EMA", "--trainer.callbacks.apply_at_end=false",
+             "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+             "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1",
+             # validation swaps the EMA shards in and out on every rank (one validation prompt per rank)
+             "--data.val_prompts=[red 1 and blue 2, green 3 and red 4]", "--trainer.limit_val_batches=1.0"]
+    run_cli(fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4", *extra), tmp_path)
+    run_cli(fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *extra), tmp_path)
+    saved = next(Path(tmp_path / "first").rglob("*step=2.ckpt"))
+    assert saved.is_dir() and len(list(saved.glob("*.distcp"))) == 2  # one shard file per rank
+    run_cli(fit_args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}", *extra),
+            tmp_path)
+    straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
+    assert sorted(resumed) == ["step2_rank0", "step2_rank1", "step3_rank0", "step3_rank1"]
+    for key in resumed:  # the sampler's position and the weights carried over: the same rollouts and advantages
+        assert torch.equal(straight[key]["seeds"], resumed[key]["seeds"])
+        assert torch.equal(straight[key]["advantages"], resumed[key]["advantages"])
+    a, b = (load_consolidated(next(Path(tmp_path / run).rglob("*step=4.ckpt"))) for run in ("straight", "resumed"))
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    for k, state in a["optimizer_0"]["state"].items():  # AdamW's moments, gathered from both ranks' shards
+        assert all(torch.equal(v, b["optimizer_0"]["state"][k][name]) for name, v in state.items())
+    ema_a, ema_b = ([s for key, s in c["callbacks"].items() if key.startswith("EMA")][0] for c in (a, b))
+    assert ema_a["num_updates"] == ema_b["num_updates"] == 4  # resumed, not restarted from the restored weights
+    assert all(torch.equal(ema_a["shadow"][k], ema_b["shadow"][k]) for k in ema_a["shadow"])
+    assert any(not torch.equal(ema_a["shadow"][k], a["state_dict"][k]) for k in ema_a["shadow"])
+
+
+@pytest.mark.parametrize("config", ["tiny_dense_grpo.yaml", "tiny_tp_grpo.yaml"])
+def test_fsdp2_dense_methods_print_the_numbers_of_one_process(config, tmp_path, capsys, monkeypatch):
+    # their rollouts complete states with the ODE on the sharded denoiser (all-gathered per block)
+    one = one_process(config, tmp_path / "one", capsys, monkeypatch)
+    assert summary(fit(config, tmp_path / "two", *FSDP2)) == one

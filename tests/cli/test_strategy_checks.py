@@ -1,0 +1,67 @@
+"""``trainer.strategy`` from the command line: ``fsdp2`` is a registered one-word strategy, and settings a strategy
+cannot run fail before any weight loads (the model path below does not exist, so reaching the loader would fail
+differently), each naming the fix."""
+
+import importlib.util
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from flowrl.cli import main
+from flowrl.methods.fsdp2_strategy import FSDP2Strategy
+from tests.cli.test_ddp_configs import ROOT
+from tests.cli.test_fit import CONFIG
+
+NO_MODEL = ["fit", "--config", CONFIG, "--model.init_args.policy.init_args.model=/no/such/model"]
+
+
+def errors(capsys, *extra: str) -> str:
+    with pytest.raises(SystemExit) as failure:
+        main([*NO_MODEL, *extra])
+    out = str(failure.value) + capsys.readouterr().err
+    assert "/no/such/model" in out  # every problem is reported together, before loading
+    return out
+
+
+def test_fsdp2_is_a_registered_strategy_name():
+    import flowrl.methods  # noqa: F401  registers it
+
+    trainer = Trainer(strategy="fsdp2", accelerator="cpu", devices=1, logger=False)
+    assert isinstance(trainer.strategy, FSDP2Strategy)
+
+
+def test_lightnings_fsdp1_is_refused_with_fsdp2_as_the_fix(capsys):
+    assert "use --trainer.strategy=fsdp2" in errors(capsys, "--trainer.devices=2", "--trainer.strategy=fsdp")
+
+
+def test_deepspeed_on_cpu_names_the_extra_the_gpu_and_the_clip(capsys):
+    out = errors(capsys, "--trainer.devices=2", "--trainer.strategy=deepspeed_stage_2")
+    if importlib.util.find_spec("deepspeed") is None:
+        assert "pip install 'flowrl[deepspeed]'" in out
+    assert "runs on CUDA GPUs only" in out and "--model.init_args.max_grad_norm=null" in out
+    out = errors(capsys, "--trainer.strategy=deepspeed_stage_3", "--model.init_args.max_grad_norm=null",
+                 "--trainer.callbacks+=flowrl.callbacks.EMA")
+    assert "EMA with DeepSpeed ZeRO-3" in out and "max_grad_norm" not in out
+
+
+def test_fsdp2_needs_equal_validation_batches_on_every_rank(capsys):
+    out = errors(capsys, "--trainer.devices=2", "--trainer.strategy=fsdp2", "--data.val_prompts=[a, b, c]",
+                 "--data.val_batch_size=1")
+    assert "3 validation samples over 2 ranks give [2, 1] batches" in out and "data.val_batch_size=2" in out
+    with pytest.raises((SystemExit, OSError, ValueError)) as failure:  # 4 samples: 2 and 2, no strategy problem
+        main([*NO_MODEL, "--trainer.devices=2", "--trainer.strategy=fsdp2", "--data.val_prompts=[a, b, c, d]",
+              "--data.val_batch_size=1"])
+    assert "validation batches" not in str(failure.value) + capsys.readouterr().err
+
+
+def test_likelihood_free_methods_and_sharded_checkpoints_name_their_strategy(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the config's prompt files are relative to the repository
+    with pytest.raises(SystemExit, match="model.class_path=TDMR1 .* use --trainer.strategy=ddp"):
+        main(["fit", "--config", "configs/tiny_tdm_r1.yaml", "--trainer.devices=2", "--trainer.strategy=fsdp2",
+              "--model.init_args.policy.init_args.model=/no/such/model"])
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    torch.save({}, folder / "meta.pt")  # what a sharded checkpoint folder holds beside the per-rank files
+    out = errors(capsys, "--trainer.devices=2", "--trainer.strategy=ddp", f"--ckpt_path={folder}")
+    assert "is a sharded (FSDP2) checkpoint folder: resume it with --trainer.strategy=fsdp2" in out

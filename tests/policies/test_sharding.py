@@ -1,0 +1,31 @@
+"""The FSDP2 sharding plan names real block lists of every supported denoiser (built from the tests' tiny configs),
+so a renamed attribute in diffusers fails here rather than silently leaving a model unsharded."""
+
+import pytest
+from torch import nn
+
+from flowrl.policies.sharding import SHARDED_BLOCKS, denoiser_blocks
+from flowrl.policies.tiny_components import build_transformer
+from tests.policies.tiny_pipelines import flux_components
+from tests.policies.tiny_sd15 import sd15_components
+
+
+@pytest.mark.parametrize("build,expected", [
+    (lambda: build_transformer(num_layers=2), ["transformer_blocks.0", "transformer_blocks.1"]),
+    (lambda: flux_components()["transformer"], ["transformer_blocks.0", "single_transformer_blocks.0"]),
+    (lambda: sd15_components()["unet"], ["down_blocks.0", "down_blocks.1", "mid_block", "up_blocks.0",
+                                         "up_blocks.1"]),
+], ids=["sd3", "flux", "sd15"])
+def test_each_denoiser_shards_its_blocks(build, expected):
+    denoiser = build()
+    blocks = denoiser_blocks(denoiser)
+    assert [name for name, _ in blocks] == expected
+    # the blocks hold most of the weights: the root unit keeps only embeddings and the output layers
+    inside = sum(p.numel() for _, block in blocks for p in block.parameters())
+    assert inside > 0.5 * sum(p.numel() for p in denoiser.parameters())
+
+
+def test_a_denoiser_without_a_plan_is_named():
+    with pytest.raises(ValueError, match="no FSDP2 sharding plan for a Linear denoiser.*SHARDED_BLOCKS"):
+        denoiser_blocks(nn.Linear(2, 2))
+    assert set(SHARDED_BLOCKS) == {"SD3Transformer2DModel", "FluxTransformer2DModel", "UNet2DConditionModel"}
