@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 def ema_decay(decay: float, n: int, warmup: bool) -> float:
@@ -200,5 +200,8 @@ class EMA(Callback):
                              f"(e.g. {differ or 'shapes'}); resume with the run's policy and LoRA settings")
         with torch.no_grad():
             for name, value in self.shadow.items():
-                value.copy_(saved[name])
+                average = saved[name]
+                if isinstance(value, DTensor) and not isinstance(average, DTensor):  # a whole average, resumed sharded
+                    average = distribute_tensor(average.to(value.device), value.device_mesh, value.placements)
+                value.copy_(average)
         self.num_updates, self._last_step = state["num_updates"], state["last_step"]

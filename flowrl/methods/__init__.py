@@ -29,6 +29,7 @@ from flowrl.methods.branch_grpo import BranchGRPO
 from flowrl.methods.dense_grpo import DenseGRPO
 from flowrl.methods.diffusion_nft import DiffusionNFT
 from flowrl.methods.flow_grpo import FlowGRPO
+from flowrl.methods.fsdp2_strategy import FSDP2Strategy
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.methods.tdm_r1 import TDMR1
 from flowrl.methods.tempflow_grpo import TempFlowGRPO
@@ -36,5 +37,5 @@ from flowrl.methods.tp_grpo import TPGRPO
 from flowrl.methods.tree_method import TreeMethod
 from flowrl.methods.tree_rpo import TreeRPO
 
-__all__ = ["BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FlowGRPO", "PolicyGradient", "TDMR1", "TPGRPO",
-           "TempFlowGRPO", "TreeMethod", "TreeRPO"]
+__all__ = ["BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FSDP2Strategy", "FlowGRPO", "PolicyGradient",
+           "TDMR1", "TPGRPO", "TempFlowGRPO", "TreeMethod", "TreeRPO"]

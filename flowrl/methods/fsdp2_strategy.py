@@ -38,19 +38,23 @@ class FSDP2Strategy(ModelParallelStrategy):
     Args:
         reshard_after_forward: free each block's gathered weights after its forward (False: keep them until the
             backward, less communication and more memory).
+        reduce_every_micro_batch: reduce-scatter the gradients after every micro-batch instead of accumulating them
+            unsharded until the minibatch's last one. Accumulating (the default) communicates once per optimizer
+            step, but each rank holds the whole gradient of the trained weights meanwhile: nothing for LoRA, the
+            model's size in float32 for full fine-tuning, where this option keeps gradients at 1/N per rank.
         save_distributed_checkpoint: each rank writes its shards into a checkpoint folder (False: rank zero writes
             one file with every weight gathered).
         data_parallel_size, tensor_parallel_size, process_group_backend, timeout: ``ModelParallelStrategy``'s;
             ``data_parallel_size="auto"`` is every process.
     """
 
-    def __init__(self, reshard_after_forward: bool = True, save_distributed_checkpoint: bool = True,
-                 data_parallel_size: Any = "auto", tensor_parallel_size: int = 1,
-                 process_group_backend: Optional[str] = None, **kwargs: Any):
+    def __init__(self, reshard_after_forward: bool = True, reduce_every_micro_batch: bool = False,
+                 save_distributed_checkpoint: bool = True, data_parallel_size: Any = "auto",
+                 tensor_parallel_size: int = 1, process_group_backend: Optional[str] = None, **kwargs: Any):
         super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size,
                          save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, **kwargs)
-        self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_forward, self.reduce_every_micro_batch = reshard_after_forward, reduce_every_micro_batch
 
     def setup_environment(self) -> None:
         # ModelParallelStrategy's "auto" is one data-parallel rank per node (tensor parallelism within a node);
@@ -68,7 +72,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     def block_backward_sync(self):
         """No gradient reduce-scatter in the backward passes inside (gradients accumulate unsharded); the next
         backward outside reduces everything accumulated, as DDP's ``no_sync``."""
-        modules = self._fsdp_modules()
+        modules = [] if self.reduce_every_micro_batch else self._fsdp_modules()
         for m in modules:
             m.set_requires_gradient_sync(False, recurse=False)
         try:

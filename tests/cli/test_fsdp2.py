@@ -1,7 +1,7 @@
 """FSDP2 (``--trainer.strategy=fsdp2``) on 2 CPU processes through ``python -m flowrl fit``: the same advantages,
 gradient norms and weights as a 1-process run (LoRA, and full fine-tuning with a sharded KL reference and clipping),
 each rank holding a shard of the denoiser, an exact resume from a sharded checkpoint with EMA, and the dense-reward
-methods' ODE completions on sharded weights. Each 2-process run is a real subprocess with a timeout."""
+methods' ODE completions on sharded weights, and 2 "nodes" x 1 process on localhost. Each 2-process run is a real subprocess with a timeout."""
 
 from pathlib import Path
 
@@ -9,19 +9,24 @@ import pytest
 import torch
 
 from flowrl.sharded_checkpoint import load_consolidated
-from tests.cli.test_ddp_configs import fit, one_process, summary
+from tests.cli.test_ddp_configs import finish, fit, one_process, summary
 from tests.cli.test_fit import assert_two_ranks_equal_one, fit_args, load_steps, run_cli
+from tests.rewards.server_process import free_port
 
 FSDP2 = ["--trainer.devices=2", "--trainer.strategy=fsdp2"]
 # SGD at lr 1 (as the DDP test): a rank missing the gradient reduce-scatter would be off by O(1)
 SGD = ["--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.lr=1.0"]
-CASES = {
-    "lora": ["--model.init_args.max_grad_norm=null"],
-    # two minibatches per batch: the ranks' micro-batch counts differ, so the shorter rank pads (weight 0); clipping
-    # at 0.05 binds (a per-rank norm would clip differently); beta > 0 runs the sharded reference
-    "full": ["--model.init_args.policy.init_args.lora=null", "--trainer.callbacks.full=true",
-             "--model.init_args.beta=0.1", "--model.init_args.max_grad_norm=0.05", "--model.init_args.num_minibatches=2",
-             "--trainer.max_steps=4", "--model.init_args.check_ratio=true", "--model.init_args.recompute_log_probs=true"],
+# two minibatches per batch: the ranks' micro-batch counts differ, so the shorter rank pads (weight 0); clipping at
+# 0.05 binds (a per-rank norm would clip differently); beta > 0 runs the sharded reference
+FULL = ["--model.init_args.policy.init_args.lora=null", "--trainer.callbacks.full=true", "--model.init_args.beta=0.1",
+        "--model.init_args.max_grad_norm=0.05", "--model.init_args.num_minibatches=2", "--trainer.max_steps=4",
+        "--model.init_args.check_ratio=true", "--model.init_args.recompute_log_probs=true"]
+CASES = {  # (options of both runs, options of the 2-process run)
+    "lora": (["--model.init_args.max_grad_norm=null"], FSDP2),
+    "full": (FULL, FSDP2),
+    # the class with an option: gradients reduce-scattered after every micro-batch instead of accumulated unsharded
+    "full_reduce_every_micro_batch": (FULL, [*FSDP2, "--trainer.strategy=flowrl.methods.FSDP2Strategy",
+                                             "--trainer.strategy.reduce_every_micro_batch=true"]),
 }
 
 
@@ -49,9 +54,10 @@ def held_bytes(dump: Path, rank: int) -> dict[str, int]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fsdp2_two_processes_equal_one_process(tiny_model_dir, tmp_path, case):
-    common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=3", *SGD, *CASES[case]]
+    both, sharded = CASES[case]
+    common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=3", *SGD, *both]
     run_cli(fit_args(tiny_model_dir, tmp_path / "one", *common), tmp_path)
-    run_cli(fit_args(tiny_model_dir, tmp_path / "two", *common, *FSDP2), tmp_path)
+    run_cli(fit_args(tiny_model_dir, tmp_path / "two", *common, *sharded), tmp_path)
     if case == "lora":
         assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
     else:
@@ -99,3 +105,16 @@ def test_fsdp2_dense_methods_print_the_numbers_of_one_process(config, tmp_path, 
     # their rollouts complete states with the ODE on the sharded denoiser (all-gathered per block)
     one = one_process(config, tmp_path / "one", capsys, monkeypatch)
     assert summary(fit(config, tmp_path / "two", *FSDP2)) == one
+
+
+def test_fsdp2_on_two_nodes_of_one_process_equals_one_process(tmp_path, capsys, monkeypatch):
+    # Lightning's cluster variables on localhost, as a SLURM or torchrun launch sets them: one data-parallel rank per
+    # process over both nodes
+    config = "tiny_flow_grpo.yaml"
+    one = one_process(config, tmp_path / "one", capsys, monkeypatch)
+    port = str(free_port())
+    nodes = [fit(config, tmp_path / "nodes", "--trainer.num_nodes=2", "--trainer.devices=1", "--trainer.strategy=fsdp2",
+                 env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank), "WORLD_SIZE": "2"})
+             for rank in (0, 1)]
+    assert summary(nodes[0]) == one
+    finish(nodes[1])
