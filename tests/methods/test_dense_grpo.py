@@ -35,7 +35,8 @@ def fake_rollout(rewards: torch.Tensor) -> Rollout:
     return Rollout(prompts=["p"] * batch, group_ids=torch.zeros(batch, dtype=torch.long),
                    seeds=torch.arange(batch), latents=torch.zeros(batch, steps + 1, 1),
                    log_probs=torch.zeros(batch, steps), sigmas=torch.linspace(1, 0, steps + 1).expand(batch, -1),
-                   train_mask=torch.ones(batch, steps, dtype=torch.bool), completion_rewards=rewards[:, :-1])
+                   train_mask=torch.ones(batch, steps, dtype=torch.bool), completion_rewards=rewards[:, :-1],
+                   nfe=torch.full((batch,), 2 * steps + 1))
 
 
 def test_worked_example_dense_rewards_and_advantages(policy):
