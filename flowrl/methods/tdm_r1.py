@@ -28,6 +28,8 @@ step per adapter per batch in the order fake, surrogate, generator (the code acc
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Optional
 
 import torch
@@ -97,9 +99,10 @@ class TDMR1(BaseModule):
         self.trunc_steps = num_steps if trunc_steps is None else trunc_steps
         self.advantage_options = dict(advantage_options or {})
         self.adapter_optimizer_options = dict(adapter_optimizer_options or {})
+        fresh = dataclasses.replace(policy.lora, init=None)  # the others start as peft starts them
         for name in ADAPTERS[1:]:
-            policy.add_adapter(name, policy.lora)
-        policy.add_adapter("surrogate_old", policy.lora, trainable=False)
+            policy.add_adapter(name, fresh)
+        policy.add_adapter("surrogate_old", fresh, trainable=False)
         if generator_init is not None:
             from flowrl.policies.adapter_weights import load_adapter
 

@@ -53,12 +53,15 @@ def adapter_of(parameter_name: str) -> Optional[str]:
 
 @dataclass
 class LoraOptions:
-    """LoRA through peft. ``target_modules`` None: the adapter's default for its model family."""
+    """LoRA through peft. ``target_modules`` None: the adapter's default for its model family. ``init``: LoRA
+    weights the adapter starts from instead of peft's initialisation (a ``save_adapter`` / ``save_lora_weights``
+    folder or file, or an embedded ``flowrl/<name>``, e.g. ``flowrl/tiny-digits-k4``, the 4-step distilled model)."""
 
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: Optional[list[str]] = None
+    init: Optional[str] = None
 
 
 class FlowPolicy(nn.Module):
@@ -105,6 +108,10 @@ class FlowPolicy(nn.Module):
         if trainable:
             self._trainable_adapters.add(name)
         self._activate(active or name)
+        if options.init is not None:
+            from flowrl.policies.adapter_weights import load_adapter
+
+            load_adapter(self, name, options.init)
 
     @property
     def adapter_names(self) -> list[str]:

@@ -99,3 +99,14 @@ def test_export_writes_the_named_adapter_and_refuses_to_guess(sd3_dir, tmp_path)
     pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir)
     pipe.load_lora_weights(tmp_path / "other")
     torch.testing.assert_close(pipeline_images("sd3", pipe, policy), ours, atol=1e-5, rtol=1e-4)
+
+
+def test_an_adapter_starts_from_saved_weights(policy, tiny_model_dir, tmp_path):
+    from flowrl.policies.adapter_weights import save_adapter
+
+    moved(policy.trainable_parameters("fake_score"), 3)
+    save_adapter(policy, "fake_score", tmp_path)
+    again = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=2, alpha=2, init=str(tmp_path)))
+    saved = {n: p for n, p in policy.denoiser.named_parameters() if ".fake_score." in n}
+    loaded = {n.replace(".default.", ".fake_score."): p for n, p in again.denoiser.named_parameters() if ".default." in n}
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[n], loaded[n]) for n in saved)
