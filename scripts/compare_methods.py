@@ -28,7 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"Flow-GRPO": "tiny_flow_grpo", "DenseGRPO": "tiny_dense_grpo", "TP-GRPO": "tiny_tp_grpo",
-           "TempFlow-GRPO": "tiny_tempflow_grpo", "Dynamic-TreeRPO": "tiny_tree_rpo", "BranchGRPO": "tiny_branch_grpo"}
+           "TempFlow-GRPO": "tiny_tempflow_grpo", "Dynamic-TreeRPO": "tiny_tree_rpo", "BranchGRPO": "tiny_branch_grpo",
+           "TDM-R1": "tiny_tdm_r1", "DiffusionNFT": "tiny_diffusion_nft"}
+#: the six policy-gradient methods, compared by default (TDM-R1 and DiffusionNFT on request: --methods)
+POLICY_GRADIENT = list(METHODS)[:6]
 
 
 def fit(config: str, out: Path, seed: int, prompts: int, max_steps: int, extra: list[str]) -> subprocess.Popen:
@@ -67,7 +70,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--prompts", type=int, default=8, help="prompts per batch")
     parser.add_argument("--val-every", type=float, default=0.25, help="validate every this fraction of the budget")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=POLICY_GRADIENT, choices=list(METHODS))
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=METHOD:OVERRIDE[,OVERRIDE]",
                         help="an extra run of METHOD with command-line overrides, e.g. "
                              "'DenseGRPO reused v=DenseGRPO:--model.init_args.completion_steps=0'")
