@@ -4,6 +4,7 @@
 from lightning.pytorch.callbacks import EMAWeightAveraging
 
 from flowrl.callbacks.ema import EMA
+from flowrl.callbacks.evaluation_budget import EvaluationBudget
 from flowrl.callbacks.image_writer import ImageWriter
 from flowrl.callbacks.lora_weights import LoraWeights
 from flowrl.callbacks.progress import RunProgressBar
@@ -11,5 +12,5 @@ from flowrl.callbacks.run_header import RunHeader
 from flowrl.callbacks.run_summary import RunSummary
 from flowrl.callbacks.sample_grid import SampleGrid, grid_image
 
-__all__ = ["EMA", "EMAWeightAveraging", "ImageWriter", "LoraWeights", "RunHeader", "RunProgressBar", "RunSummary",
+__all__ = ["EMA", "EMAWeightAveraging", "EvaluationBudget", "ImageWriter", "LoraWeights", "RunHeader", "RunProgressBar", "RunSummary",
            "SampleGrid", "grid_image"]

@@ -7,7 +7,9 @@ Each method trains from its tiny config (``configs/tiny_<method>.yaml``: T=10, i
 the 772 training prompts outside the validation set, ``--prompts`` prompts per batch (8 samples each for Flow-GRPO,
 DenseGRPO and TP-GRPO; one tree each for the tree methods), until it has spent ``--budget`` model evaluations
 (``rollout/evaluations``, a CFG pair counted once, completions, shared prefixes and DenseGRPO's calibration
-included): a two-batch probe run measures each method's evaluations per batch, which sets its ``max_steps``.
+included; ``flowrl.callbacks.EvaluationBudget`` stops the run at the batch that reaches it, as a method's cost per
+batch may change, e.g. Dynamic-TreeRPO's moving window): a two-batch probe measures each method's evaluations per
+batch, which sets its validation interval.
 ``--variant`` adds runs of a method with overrides (the levers that cut the cost of dense credit). Validation: the 128 held-out prompts of
 ``configs/prompts/digits_val.txt`` with the 10-step ODE, before the first batch, at ``--val-every`` batches' worth of
 budget and after the last. The runs' ``metrics.csv`` files go under ``--out/<method>/seed<k>/``; the plot
@@ -96,8 +98,10 @@ def main(argv=None) -> None:
             print(f"{name}: {per_batch:.0f} evaluations per batch -> {batches} batches", flush=True)
             every = max(1, round(batches * args.val_every))
             extra = [f"--trainer.val_check_interval={every}", "--trainer.check_val_every_n_epoch=null",
-                     "--data.val_batch_size=128", f"--data.val_prompts={args.val_prompts}", *overrides]
-            jobs += [(name, seed, config, folder, batches, extra) for seed in args.seeds]
+                     "--data.val_batch_size=128", f"--data.val_prompts={args.val_prompts}", *overrides,
+                     "--trainer.callbacks+=flowrl.callbacks.EvaluationBudget",
+                     f"--trainer.callbacks.max_evaluations={args.budget}"]  # stops at the budget, whatever it costs
+            jobs += [(name, seed, config, folder, 10 * batches, extra) for seed in args.seeds]
         with ThreadPoolExecutor(args.jobs) as pool:
             def run(job):
                 name, seed, config, folder, batches, extra = job
