@@ -113,7 +113,7 @@ def main(argv=None) -> None:
     files = [f"{name}=" + ",".join(str(metrics_file(args.out / folder / f"seed{s}")) for s in args.seeds)
              for name, (_, folder, _) in runs.items()]
     subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_rewards.py"), *files, "--x", "evaluations",
-                    "--window", "5", "--table", "--out", str(args.out / "methods.png")], check=True)
+                    "--window", "5", "--table", "--split", "--out", str(args.out / "methods.png")], check=True)
 
 
 if __name__ == "__main__":

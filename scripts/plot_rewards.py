@@ -118,8 +118,8 @@ def mean_std(values: list[float]) -> str:
 
 def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[float]]:
     """Per file: training reward over the first and last eighth of its steps, validation first and last, NFE."""
-    out: dict[str, list[float]] = {"train_first": [], "train_last": [], "val_first": [], "val_last": [], "nfe": [],
-                                   "evaluations": []}
+    out: dict[str, list[float]] = {"train_first": [], "train_last": [], "val_first": [], "val_last": [],
+                                   "val_gain": [], "nfe": [], "evaluations": []}
     for path in paths:
         rows = read_metrics(path)
         _, ty = series(rows, f"train/{key}")
@@ -129,6 +129,7 @@ def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[floa
         _, vy = series(rows, f"val/{key}")
         out["val_first"].append(vy[0] if vy else float("nan"))
         out["val_last"].append(vy[-1] if vy else float("nan"))
+        out["val_gain"].append(vy[-1] - vy[0] if vy else float("nan"))  # paired: the seed's own base
         out["nfe"].append(sum(row.get("rollout/nfe", 0.0) for row in rows))
         out["evaluations"].append(sum(row.get("rollout/evaluations", 0.0) for row in rows))
     return out
@@ -139,18 +140,25 @@ def table(runs: dict[str, list[Path]], key: str = "reward/total") -> str:
     summaries = {label: summary(paths, key) for label, paths in runs.items()}
     evaluations = any(v for s in summaries.values() for v in s["evaluations"])
     lines = ["| run | files | NFE per trajectory | training reward, first eighth | last eighth | validation before "
-             "| after |" + (" model evaluations |" if evaluations else ""),
-             "| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if evaluations else "")]
+             "| after | gain (paired by seed) |" + (" model evaluations |" if evaluations else ""),
+             "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if evaluations else "")]
     for label, s in summaries.items():
         lines.append(f"| {label} | {len(runs[label])} | {statistics.fmean(s['nfe']):.0f} | "
                      f"{mean_std(s['train_first'])} | {mean_std(s['train_last'])} | {mean_std(s['val_first'])} | "
-                     f"{mean_std(s['val_last'])} |" + (f" {statistics.fmean(s['evaluations']):.0f} |"
-                                                       if evaluations else ""))
+                     f"{mean_std(s['val_last'])} | {mean_std(s['val_gain'])} |" + (
+                         f" {statistics.fmean(s['evaluations']):.0f} |" if evaluations else ""))
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: str = "step", window: int = 10) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: str = "step", window: int = 10,
+         split: bool = False) -> None:
+    """One axes with training curves and validation points; ``split``: training and validation side by side, the
+    legend below (for many runs)."""
+    if split:
+        fig, (ax, vax) = plt.subplots(1, 2, figsize=(12, 5), dpi=110, sharex=True)
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+        vax = ax
     for i, (label, paths) in enumerate(runs.items()):
         color, trains, vals = f"C{i}", [], []
         for path in paths:
@@ -159,27 +167,39 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
             if not tx:
                 raise SystemExit(f"{path} has no 'train/{key}' column; is it a flowrl CSVLogger metrics.csv?")
             trains.append((tx, ty))
-            vals.append(series(rows, f"val/{key}", x))
+            vx, vy = series(rows, f"val/{key}", x)
+            # split: each seed's gain over its own base model, which removes the seed's validation-noise offset
+            vals.append((vx, [v - vy[0] for v in vy] if split and vy else vy))
         seeds = f", mean of {len(paths)}" if len(paths) > 1 else ""
         if len(paths) == 1:
             ax.plot(*trains[0], color=color, alpha=0.25, lw=1)
         xs, mean, low, high = seed_band([(tx, moving_average(ty, window)) for tx, ty in trains])
         if len(paths) > 1:
-            ax.fill_between(xs, low, high, color=color, alpha=0.2, lw=0)
-        ax.plot(xs, mean, color=color, lw=2, label=f"{label} train (moving mean of {window}{seeds})")
+            ax.fill_between(xs, low, high, color=color, alpha=0.2 if not split else 0.1, lw=0)
+        ax.plot(xs, mean, color=color, lw=2, label=f"{label} train (moving mean of {window}{seeds})" if not split
+                else f"{label}{seeds.replace(', mean', ' (mean')}{')' if seeds else ''}")
         if all(vx for vx, _ in vals):
             vx, vmean, vlow, vhigh = seed_band(vals)
             err = [[m - lo for m, lo in zip(vmean, vlow)], [hi - m for m, hi in zip(vmean, vhigh)]]
-            ax.errorbar(vx, vmean, yerr=err if len(paths) > 1 else None, fmt="o--", color=color, ms=6, capsize=3,
-                        label=f"{label} validation")
+            vax.errorbar(vx, vmean, yerr=err if len(paths) > 1 else None, fmt="o--", color=color, ms=6, capsize=3,
+                         label=None if split else f"{label} validation")
     # rollout/nfe is per trajectory: with equal batch sizes its running sum is proportional to the total compute
-    ax.set_xlabel({"nfe": "model evaluations per trajectory, cumulative (NFE)",
-                   "evaluations": "model evaluations, cumulative (the whole batch's)"}.get(x, "training step (one "
-                                                                                           "sampled batch)"))
-    ax.set_ylabel(key)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    xlabel = {"nfe": "model evaluations per trajectory, cumulative (NFE)",
+              "evaluations": "model evaluations, cumulative (the whole batch's)"}.get(x, "training step (one sampled "
+                                                                                      "batch)")
+    for axes, what in ((ax, f"training {key} (moving mean)"),
+                       (vax, f"held-out validation {key}: gain over the base model")) if split else (
+            (ax, key),):
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel(what)
+        axes.grid(alpha=0.3)
+    if split:
+        fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=min(4, len(runs)), fontsize=8,
+                   title="bands and error bars: min to max over the seeds", title_fontsize=8)
+        fig.tight_layout(rect=(0, 0.08 + 0.035 * ((len(runs) - 1) // 4), 1, 1))
+    else:
+        ax.legend(fontsize=8)
+        fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     print(f"wrote {out}")
@@ -193,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--x", choices=["step", "nfe", "evaluations"], default="step")
     parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--table", action="store_true", help="also print a Markdown summary table")
+    parser.add_argument("--split", action="store_true", help="training and validation in two panels, legend below")
     args = parser.parse_args(argv)
     runs = {}
     for spec in args.runs:
@@ -202,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = [str(p) for files in runs.values() for p in files if not p.is_file()]
     if missing:
         raise SystemExit(f"no such metrics file: {missing}; CSVLogger writes <save_dir>/<name>/<version>/metrics.csv")
-    plot(runs, args.out, args.key, args.x, args.window)
+    plot(runs, args.out, args.key, args.x, args.window, args.split)
     if args.table:
         print(table(runs, args.key))
 

@@ -55,10 +55,14 @@ def test_seeds_of_one_run_give_a_band_and_a_table(plot_rewards, tmp_path):
     assert low == pytest.approx([0.5, 0.3, 0.9]) and high == pytest.approx([0.5, 0.7, 0.9])
     # 3 training steps: an eighth is 1 step; NFE 10 + 10 + 30; validation 0.4 -> 0.8 and 0.4 -> 0.6
     row = plot_rewards.table({"flow": [a, b]}).splitlines()[2]
-    assert row == "| flow | 2 | 50 | 0.500 +- 0.000 | 0.900 +- 0.000 | 0.400 +- 0.000 | 0.700 +- 0.141 |"
+    # gains paired by seed: 0.8 - 0.4 and 0.6 - 0.4
+    assert row == ("| flow | 2 | 50 | 0.500 +- 0.000 | 0.900 +- 0.000 | 0.400 +- 0.000 | 0.700 +- 0.141 | "
+                   "0.300 +- 0.141 |")
     out = tmp_path / "band.png"
     plot_rewards.main([f"flow={a},{b}", f"single={a}", "--x", "nfe", "--out", str(out), "--window", "2", "--table"])
     assert Image.open(out).size == (840, 480)
+    plot_rewards.main([f"flow={a},{b}", "--x", "nfe", "--out", str(out), "--window", "2", "--split"])
+    assert Image.open(out).size == (1320, 550)  # two panels, the legend below
 
 
 def test_seeds_with_different_steps_are_refused(plot_rewards, tmp_path):
