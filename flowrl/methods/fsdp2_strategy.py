@@ -13,7 +13,7 @@ is how the tests check it. What it adds to ``ModelParallelStrategy``:
 
 Under FSDP2 every forward of the denoiser is a collective (its blocks are all-gathered), so every rank must run the
 same number of them: the PPO update pads a rank's micro-batches to the most any rank has (weight 0), and the checks
-before loading require equal validation batch counts (:func:`fsdp2_problems`).
+before loading require equal validation batch counts (:mod:`flowrl.methods.strategy_problems`).
 """
 
 from __future__ import annotations

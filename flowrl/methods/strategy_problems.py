@@ -3,7 +3,8 @@
 Each problem names the setting and the fix. What they guard:
 
 - FSDP2 (``fsdp2``) and ZeRO-3: every forward of the sharded denoiser is a collective, so ranks must draw the same
-  number of validation batches; the likelihood-free methods (named adapters, their own gradient all-reduce) are not sharded yet.
+  number of validation batches; the likelihood-free methods (named adapters, their own gradient all-reduce) are not
+  sharded yet.
 - Lightning's FSDP1 (``fsdp``): not supported by the loop (flat parameters hide the per-parameter gradients the
   checked optimizer step and clipping read); ``fsdp2`` shards the same blocks and runs on CPU and GPU.
 - DeepSpeed (``deepspeed_stage_2`` / ``_3``): an optional extra, CUDA only, one optimizer, clipping inside its engine

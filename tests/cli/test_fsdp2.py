@@ -1,7 +1,8 @@
 """FSDP2 (``--trainer.strategy=fsdp2``) on 2 CPU processes through ``python -m flowrl fit``: the same advantages,
 gradient norms and weights as a 1-process run (LoRA, and full fine-tuning with a sharded KL reference and clipping),
-each rank holding a shard of the denoiser, an exact resume from a sharded checkpoint with EMA, and the dense-reward
-methods' ODE completions on sharded weights, and 2 "nodes" x 1 process on localhost. Each 2-process run is a real subprocess with a timeout."""
+each rank holding a shard of the denoiser, an exact resume from a sharded checkpoint with EMA, the dense-reward
+methods' ODE completions on sharded weights, and 2 "nodes" x 1 process on localhost. Each 2-process run is a real
+subprocess with a timeout."""
 
 from pathlib import Path
 
