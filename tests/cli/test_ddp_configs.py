@@ -72,6 +72,14 @@ def summary(proc: subprocess.Popen) -> dict[str, str]:
     return numbers(finish(proc))
 
 
+def two_nodes(config: str, out: Path, strategy: str) -> list[subprocess.Popen]:
+    """Two nodes of one process each on localhost, from the cluster variables a SLURM or torchrun launch sets."""
+    port = str(free_port())
+    return [fit(config, out, "--trainer.num_nodes=2", "--trainer.devices=1", f"--trainer.strategy={strategy}",
+                env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank), "WORLD_SIZE": "2"})
+            for rank in (0, 1)]
+
+
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_two_ddp_processes_print_the_numbers_of_one(config, tmp_path, capsys, monkeypatch):
     one = one_process(config, tmp_path / "one", capsys, monkeypatch)
@@ -85,10 +93,7 @@ def test_two_ddp_processes_print_the_numbers_of_one(config, tmp_path, capsys, mo
 def test_two_nodes_of_one_process_on_localhost_equal_one_process(tmp_path, capsys, monkeypatch):
     config = "tiny_flow_grpo.yaml"
     one = one_process(config, tmp_path / "one", capsys, monkeypatch)
-    port = str(free_port())
-    nodes = [fit(config, tmp_path / "nodes", "--trainer.num_nodes=2", "--trainer.devices=1", "--trainer.strategy=ddp",
-                 env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank), "WORLD_SIZE": "2"})
-             for rank in (0, 1)]
+    nodes = two_nodes(config, tmp_path / "nodes", "ddp")
     first = summary(nodes[0])
     assert "run summary" not in finish(nodes[1])  # the second node ends too; only global rank zero prints
     assert first == one

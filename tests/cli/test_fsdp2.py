@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from flowrl.sharded_checkpoint import load_consolidated
-from tests.cli.test_ddp_configs import finish, fit, one_process, summary
+from tests.cli.test_ddp_configs import finish, fit, one_process, summary, two_nodes
 from tests.cli.test_fit import assert_two_ranks_equal_one, fit_args, load_steps, run_cli
-from tests.rewards.server_process import free_port
 
 FSDP2 = ["--trainer.devices=2", "--trainer.strategy=fsdp2"]
 # SGD at lr 1 (as the DDP test): a rank missing the gradient reduce-scatter would be off by O(1)
@@ -113,9 +112,6 @@ def test_fsdp2_on_two_nodes_of_one_process_equals_one_process(tmp_path, capsys, 
     # process over both nodes
     config = "tiny_flow_grpo.yaml"
     one = one_process(config, tmp_path / "one", capsys, monkeypatch)
-    port = str(free_port())
-    nodes = [fit(config, tmp_path / "nodes", "--trainer.num_nodes=2", "--trainer.devices=1", "--trainer.strategy=fsdp2",
-                 env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank), "WORLD_SIZE": "2"})
-             for rank in (0, 1)]
+    nodes = two_nodes(config, tmp_path / "nodes", "fsdp2")
     assert summary(nodes[0]) == one
     finish(nodes[1])

@@ -7,6 +7,8 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 
 from flowrl.cli import main
+from flowrl.methods import BaseModule
+from flowrl.policies.export import load_policy
 from flowrl.sampling.sampler import seeded_noise
 from tests.cli.test_fit import load_steps
 
@@ -85,14 +87,23 @@ data:
     return config
 
 
-def pipeline_images(sd3_dir: str, lora_dir: Path, prompts: list[str], seeds: torch.Tensor, steps: int,
-                    latent_shape) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain diffusers pipeline's CFG-free ODE images from the sampler's initial noise, without and with the
-    exported LoRA."""
+def assert_export_matches_pipeline(tmp_path: Path, sd3_dir: str, method: str, options: str,
+                                   adapters: list[str]) -> None:
+    """A one-step fit of ``method`` on the tiny SD3 pipeline, exported: the checkpoint's policy holds ``adapters``
+    with ``default`` active, its CFG-free images differ from the backbone's, and the plain diffusers pipeline with
+    the exported LoRA draws the same images from the sampler's initial noise."""
+    main(["fit", "--config", str(sd3_fit_config(tmp_path, sd3_dir, method, options))])
+    ckpt = next(Path(tmp_path / "run").rglob("*.ckpt"))
+    main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "lora")])
+    policy = load_policy(ckpt)
+    assert policy.adapter_names == adapters and policy.active_adapter == "default"
+    prompts, seeds = ["a red cat", "a blue dog"], torch.tensor([11, 12])
+    ours = BaseModule(policy, num_steps=3, guidance_scale=1.0).generate(prompts, seeds, 3)
     pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir)
-    noise = seeded_noise(seeds, latent_shape, 1)[:, 0]
-    run = lambda: pipe(prompts, num_inference_steps=steps, guidance_scale=1.0, latents=noise, height=32,  # noqa: E731
+    noise = seeded_noise(seeds, policy.latent_shape(), 1)[:, 0]
+    run = lambda: pipe(prompts, num_inference_steps=3, guidance_scale=1.0, latents=noise, height=32,  # noqa: E731
                        width=32, output_type="pt", max_sequence_length=8).images
     base = run()
-    pipe.load_lora_weights(lora_dir)
-    return base, run()
+    pipe.load_lora_weights(tmp_path / "lora")
+    assert (base - ours).abs().max() > 1e-4  # the trained policy differs from the backbone
+    torch.testing.assert_close(run(), ours, atol=1e-5, rtol=1e-4)

@@ -3,21 +3,18 @@ soft update by hand, option errors before any weight loads, a 2-step CLI fit of 
 resume from a checkpoint holding both adapters, the policy's LoRA exported for the plain diffusers pipeline, and a
 2-process DDP run equal to a 1-process run. The loss's worked examples are in tests/losses/test_nft.py."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from flowrl.cli import main
 from flowrl.losses.nft import nft_loss
-from flowrl.methods import BaseModule, DiffusionNFT
+from flowrl.methods import DiffusionNFT
 from flowrl.methods.adapter_steps import follow
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.policies.base import adapter_of
-from flowrl.policies.export import load_policy
 from flowrl.sampling.sampler import branch_seed, seeded_noise
 from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli
-from tests.methods.likelihood_free import ROOT, assert_resume_is_exact, pipeline_images, sd3_fit_config, shrunk
+from tests.methods.likelihood_free import ROOT, assert_export_matches_pipeline, assert_resume_is_exact, shrunk
 from tests.methods.test_method_layer import method_help
 from tests.policies.conftest import sd3_dir  # noqa: F401  the tiny SD3 pipeline fixture
 
@@ -113,18 +110,9 @@ def test_resume_is_exact_and_the_checkpoint_holds_both_adapters(tiny_model_dir, 
 
 
 def test_exported_policy_lora_loads_in_the_diffusers_pipeline(sd3_dir, tmp_path):
-    config = sd3_fit_config(tmp_path, sd3_dir, "flowrl.methods.DiffusionNFT", "    guidance_scale: 1.0")
-    main(["fit", "--config", str(config)])
-    ckpt = next(Path(tmp_path / "run").rglob("*.ckpt"))
-    main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "lora")])
-    policy = load_policy(ckpt)
-    assert policy.adapter_names == ["default", "old"] and policy.active_adapter == "default"
-    seeds = torch.tensor([11, 12])
-    ours = BaseModule(policy, num_steps=3, guidance_scale=1.0).generate(["a red cat", "a blue dog"], seeds, 3)
-    base, loaded = pipeline_images(sd3_dir, tmp_path / "lora", ["a red cat", "a blue dog"], seeds, 3,
-                                   policy.latent_shape())
-    assert (base - ours).abs().max() > 1e-4  # the trained policy differs from the backbone
-    torch.testing.assert_close(loaded, ours, atol=1e-5, rtol=1e-4)
+    # both adapters are in the checkpoint; the export writes the trained one (default), not the old copy
+    assert_export_matches_pipeline(tmp_path, sd3_dir, "flowrl.methods.DiffusionNFT", "    guidance_scale: 1.0",
+                                   ["default", "old"])
 
 
 def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):

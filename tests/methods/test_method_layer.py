@@ -85,7 +85,7 @@ def test_ranks_with_different_numbers_of_trained_pairs_equal_one_process(tiny_mo
     run_cli(method_fit_args(tiny_model_dir, tmp_path / "one", method, *common), tmp_path)
     run_cli(method_fit_args(tiny_model_dir, tmp_path / "two", method, *common, "--trainer.devices=2",
                             "--trainer.strategy=ddp"), tmp_path)
-    one = assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
+    assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
     pairs = [torch.load(tmp_path / "two" / "dump" / f"pairs_rank{r}.pt") for r in (0, 1)]
     assert pairs[0] != pairs[1] and sum(pairs) == torch.load(tmp_path / "one" / "dump" / "pairs_rank0.pt")
 

@@ -129,4 +129,4 @@ def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
     run_cli(fit_args(tiny_model_dir, tmp_path / "one", *common), ROOT)
     run_cli(fit_args(tiny_model_dir, tmp_path / "two", *common, "--trainer.devices=2", "--trainer.strategy=ddp"),
             ROOT)
-    one = assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two", keys=("rewards", "advantages"))
+    assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two", keys=("rewards", "advantages"))
