@@ -3,7 +3,6 @@ checkpoint folder otherwise fails at the first save, which is hours into an SD3.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Optional

@@ -1,7 +1,6 @@
 """The FLUX.1 adapter on a tiny random-weight FluxPipeline loaded through from_pretrained."""
 
 import numpy as np
-import pytest
 import torch
 from diffusers import FluxPipeline
 
