@@ -139,7 +139,7 @@ def table(runs: dict[str, list[Path]], key: str = "reward/total") -> str:
     """A Markdown row per run; a column of the whole run's model evaluations where the files log them."""
     summaries = {label: summary(paths, key) for label, paths in runs.items()}
     evaluations = any(v for s in summaries.values() for v in s["evaluations"])
-    lines = ["| run | files | NFE per trajectory | training reward, first eighth | last eighth | validation before "
+    lines = ["| run | files | NFE per trajectory, run total | training reward, first eighth | last eighth | validation before "
              "| after | gain (paired by seed) |" + (" model evaluations |" if evaluations else ""),
              "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if evaluations else "")]
     for label, s in summaries.items():
