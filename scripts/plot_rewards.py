@@ -139,8 +139,8 @@ def table(runs: dict[str, list[Path]], key: str = "reward/total") -> str:
     """A Markdown row per run; a column of the whole run's model evaluations where the files log them."""
     summaries = {label: summary(paths, key) for label, paths in runs.items()}
     evaluations = any(v for s in summaries.values() for v in s["evaluations"])
-    lines = ["| run | files | NFE per trajectory, run total | training reward, first eighth | last eighth | validation before "
-             "| after | gain (paired by seed) |" + (" model evaluations |" if evaluations else ""),
+    lines = ["| run | files | NFE per trajectory, run total | training reward, first eighth | last eighth "
+             "| validation before | after | gain (paired by seed) |" + (" model evaluations |" if evaluations else ""),
              "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if evaluations else "")]
     for label, s in summaries.items():
         lines.append(f"| {label} | {len(runs[label])} | {statistics.fmean(s['nfe']):.0f} | "
