@@ -117,9 +117,10 @@ def mean_std(values: list[float]) -> str:
 
 
 def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[float]]:
-    """Per file: training reward over the first and last eighth of its steps, validation first and last, NFE."""
+    """Per file: training reward over the first and last eighth of its steps, validation first and last, NFE, and
+    the validation gain by half the run's model evaluations (the last validation at or before that point)."""
     out: dict[str, list[float]] = {"train_first": [], "train_last": [], "val_first": [], "val_last": [],
-                                   "val_gain": [], "nfe": [], "evaluations": []}
+                                   "val_gain": [], "val_half_gain": [], "nfe": [], "evaluations": []}
     for path in paths:
         rows = read_metrics(path)
         _, ty = series(rows, f"train/{key}")
@@ -132,21 +133,27 @@ def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[floa
         out["val_gain"].append(vy[-1] - vy[0] if vy else float("nan"))  # paired: the seed's own base
         out["nfe"].append(sum(row.get("rollout/nfe", 0.0) for row in rows))
         out["evaluations"].append(sum(row.get("rollout/evaluations", 0.0) for row in rows))
+        vx, _ = series(rows, f"val/{key}", "evaluations")
+        half = [y for x, y in zip(vx, vy) if x <= out["evaluations"][-1] / 2]
+        out["val_half_gain"].append(half[-1] - vy[0] if half else float("nan"))
     return out
 
 
 def table(runs: dict[str, list[Path]], key: str = "reward/total") -> str:
-    """A Markdown row per run; a column of the whole run's model evaluations where the files log them."""
+    """A Markdown row per run; where the files log model evaluations, columns of the validation gain by half of
+    them (what a method that needs half the compute would have to match) and of their total."""
     summaries = {label: summary(paths, key) for label, paths in runs.items()}
     evaluations = any(v for s in summaries.values() for v in s["evaluations"])
     lines = ["| run | files | NFE per trajectory, run total | training reward, first eighth | last eighth "
-             "| validation before | after | gain (paired by seed) |" + (" model evaluations |" if evaluations else ""),
-             "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if evaluations else "")]
+             "| validation before | after | gain (paired by seed) |"
+             + (" gain by half the evaluations | model evaluations |" if evaluations else ""),
+             "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if evaluations else "")]
     for label, s in summaries.items():
         lines.append(f"| {label} | {len(runs[label])} | {statistics.fmean(s['nfe']):.0f} | "
                      f"{mean_std(s['train_first'])} | {mean_std(s['train_last'])} | {mean_std(s['val_first'])} | "
                      f"{mean_std(s['val_last'])} | {mean_std(s['val_gain'])} |" + (
-                         f" {statistics.fmean(s['evaluations']):.0f} |" if evaluations else ""))
+                         f" {mean_std(s['val_half_gain'])} | {statistics.fmean(s['evaluations']):.0f} |"
+                         if evaluations else ""))
     return "\n".join(lines)
 
 

@@ -65,6 +65,16 @@ def test_seeds_of_one_run_give_a_band_and_a_table(plot_rewards, tmp_path):
     assert Image.open(out).size == (1320, 550)  # two panels, the legend below
 
 
+def test_the_gain_by_half_the_evaluations_is_the_last_validation_before_it(plot_rewards, tmp_path):
+    # 100 evaluations in all; validations at 0 (0.4), 40 (0.5), 60 (0.9) and 100 (0.7): by 50 the gain is 0.5 - 0.4
+    a = tmp_path / "a.csv"
+    a.write_text("epoch,rollout/evaluations,step,train/reward/total,val/reward/total\n"
+                 "0,,0,,0.4\n0,40,0,0.5,\n0,,0,,0.5\n0,20,1,0.6,\n0,,1,,0.9\n0,40,2,0.7,\n0,,2,,0.7\n")
+    header, _, row = plot_rewards.table({"run": [a]}).splitlines()
+    assert header.endswith("| gain (paired by seed) | gain by half the evaluations | model evaluations |")
+    assert row.endswith("| 0.400 | 0.700 | 0.300 | 0.100 | 100 |")
+
+
 def test_seeds_with_different_steps_are_refused(plot_rewards, tmp_path):
     a = write_metrics(tmp_path / "a.csv")
     b = tmp_path / "b.csv"
