@@ -13,7 +13,10 @@ with a band from their min to their max, and the mean of their validation points
 ``--x evaluations`` puts the cumulative model evaluations of the whole run on the x axis (``rollout/evaluations``:
 what methods with different batch shapes are compared at). ``--x nfe`` puts the cumulative model evaluations per
 trajectory on the x axis (``rollout/nfe`` summed over steps;
-proportional to total compute when the runs share a batch size). ``--table`` prints a Markdown table per run:
+proportional to total compute when the runs share a batch size). ``--x minutes`` puts wall-clock minutes on the x
+axis, from the TensorBoard events file the run wrote beside its ``metrics.csv`` (flowrl's configs log to both):
+minutes since the run's first logged value; the seeds of one run are drawn at their mean minute per step. Runs
+compared this way must have had the same machine to themselves. ``--table`` prints a Markdown table per run:
 training reward over the first and last eighth of the steps, validation before and after, NFE, as mean +- std over
 the files.
 """
@@ -42,6 +45,29 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
         return rows
     first = min(row["step"] for row in rows if "step" in row)
     return [row for row in read_metrics(earlier) if row.get("step", first) < first] + rows
+
+
+def attach_minutes(rows: list[dict[str, float]], metrics: Path) -> list[dict[str, float]]:
+    """``rows`` with ``minutes`` set on those the TensorBoard events file beside ``metrics`` holds: the wall time the
+    row's first metric was logged at, in minutes since the file's first value. Rows it lacks (a resumed run's history,
+    or no events file) get none."""
+    events = sorted(metrics.parent.glob("events.out.tfevents.*"))
+    if not events:
+        return rows
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # slow import, rarely used
+
+    logged: dict[tuple[str, int], float] = {}
+    for path in events:
+        accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            logged.update({(tag, e.step): e.wall_time for e in accumulator.Scalars(tag)})
+    start = min(logged.values(), default=0.0)
+    for row in rows:
+        tags = [k for k in row if k not in ("epoch", "step") and (k, int(row.get("step", -1))) in logged]
+        if tags:
+            row["minutes"] = (logged[(tags[0], int(row["step"]))] - start) / 60
+    return rows
 
 
 def resumed_from(metrics: Path) -> Path | None:
@@ -75,8 +101,8 @@ def series(rows: list[dict[str, float]], key: str, x: str = "step") -> tuple[lis
     xs, ys, total = [], [], 0.0
     for row in rows:
         total += row.get(X_COUNTERS.get(x, ""), 0.0)
-        if key in row:
-            xs.append(total if x in X_COUNTERS else row["step"])
+        if key in row and (x != "minutes" or "minutes" in row):
+            xs.append(total if x in X_COUNTERS else row["minutes"] if x == "minutes" else row["step"])
             ys.append(row[key])
     return xs, ys
 
@@ -90,16 +116,19 @@ def moving_average(ys: list[float], window: int) -> list[float]:
     return [sum(ys[max(0, i - window + 1):i + 1]) / len(ys[max(0, i - window + 1):i + 1]) for i in range(len(ys))]
 
 
-def seed_band(curves: list[tuple[list[float], list[float]]]) -> tuple[list[float], list[float], list[float],
-                                                                      list[float]]:
-    """``(xs, mean, low, high)`` over curves that share their x values (seeds of one config), cut to the shortest.
+def seed_band(curves: list[tuple[list[float], list[float]]], mean_x: bool = False) -> tuple[
+        list[float], list[float], list[float], list[float]]:
+    """``(xs, mean, low, high)`` over curves that share their x values (seeds of one config), cut to the shortest;
+    ``mean_x``: curves whose x values differ (wall time) are drawn at the mean x of each point.
 
     >>> seed_band([([0, 1, 2], [1.0, 2.0, 3.0]), ([0, 1], [3.0, 4.0])])
     ([0, 1], [2.0, 3.0], [1.0, 2.0], [3.0, 4.0])
+    >>> seed_band([([0.0, 1.0], [1.0, 2.0]), ([0.0, 3.0], [3.0, 4.0])], mean_x=True)[0]
+    [0.0, 2.0]
     """
     n = min(len(xs) for xs, _ in curves)
-    xs = curves[0][0][:n]
-    if any(c[0][:n] != xs for c in curves):
+    xs = [statistics.fmean(c[0][i] for c in curves) for i in range(n)] if mean_x else curves[0][0][:n]
+    if not mean_x and any(c[0][:n] != xs for c in curves):
         raise SystemExit("the files of one run have different steps or NFE; give seeds of one config per label")
     columns = list(zip(*(ys[:n] for _, ys in curves)))
     return xs, [statistics.fmean(c) for c in columns], [min(c) for c in columns], [max(c) for c in columns]
@@ -120,9 +149,9 @@ def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[floa
     """Per file: training reward over the first and last eighth of its steps, validation first and last, NFE, and
     the validation gain by half the run's model evaluations (the last validation at or before that point)."""
     out: dict[str, list[float]] = {"train_first": [], "train_last": [], "val_first": [], "val_last": [],
-                                   "val_gain": [], "val_half_gain": [], "nfe": [], "evaluations": []}
+                                   "val_gain": [], "val_half_gain": [], "nfe": [], "evaluations": [], "minutes": []}
     for path in paths:
-        rows = read_metrics(path)
+        rows = attach_minutes(read_metrics(path), Path(path))
         _, ty = series(rows, f"train/{key}")
         eighth = max(1, len(ty) // 8)
         out["train_first"].append(statistics.fmean(ty[:eighth]))
@@ -136,24 +165,28 @@ def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[floa
         vx, _ = series(rows, f"val/{key}", "evaluations")
         half = [y for x, y in zip(vx, vy) if x <= out["evaluations"][-1] / 2]
         out["val_half_gain"].append(half[-1] - vy[0] if half else float("nan"))
+        out["minutes"].append(max((row["minutes"] for row in rows if "minutes" in row), default=float("nan")))
     return out
 
 
 def table(runs: dict[str, list[Path]], key: str = "reward/total") -> str:
     """A Markdown row per run; where the files log model evaluations, columns of the validation gain by half of
-    them (what a method that needs half the compute would have to match) and of their total."""
+    them (what a method that needs half the compute would have to match) and of their total; where a TensorBoard
+    events file lies beside them, the wall-clock minutes of the run."""
     summaries = {label: summary(paths, key) for label, paths in runs.items()}
     evaluations = any(v for s in summaries.values() for v in s["evaluations"])
-    lines = ["| run | files | NFE per trajectory, run total | training reward, first eighth | last eighth "
-             "| validation before | after | gain (paired by seed) |"
-             + (" gain by half the evaluations | model evaluations |" if evaluations else ""),
-             "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if evaluations else "")]
+    minutes = any(v == v for s in summaries.values() for v in s["minutes"])  # NaN != NaN: no events file
+    header = ["run", "files", "NFE per trajectory, run total", "training reward, first eighth", "last eighth",
+              "validation before", "after", "gain (paired by seed)"]
+    header += ["gain by half the evaluations", "model evaluations"] if evaluations else []
+    header += ["wall minutes"] if minutes else []
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for label, s in summaries.items():
-        lines.append(f"| {label} | {len(runs[label])} | {statistics.fmean(s['nfe']):.0f} | "
-                     f"{mean_std(s['train_first'])} | {mean_std(s['train_last'])} | {mean_std(s['val_first'])} | "
-                     f"{mean_std(s['val_last'])} | {mean_std(s['val_gain'])} |" + (
-                         f" {mean_std(s['val_half_gain'])} | {statistics.fmean(s['evaluations']):.0f} |"
-                         if evaluations else ""))
+        cells = [label, str(len(runs[label])), f"{statistics.fmean(s['nfe']):.0f}"] + [
+            mean_std(s[k]) for k in ("train_first", "train_last", "val_first", "val_last", "val_gain")]
+        cells += [mean_std(s["val_half_gain"]), f"{statistics.fmean(s['evaluations']):.0f}"] if evaluations else []
+        cells += [f"{statistics.fmean(s['minutes']):.1f}"] if minutes else []
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -170,6 +203,11 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
         color, trains, vals = f"C{i}", [], []
         for path in paths:
             rows = read_metrics(path)
+            if x == "minutes":
+                rows = attach_minutes(rows, Path(path))
+                if not any("minutes" in row for row in rows):
+                    raise SystemExit(f"no TensorBoard events file beside {path}: --x minutes reads the wall times "
+                                     "the run's TensorBoardLogger wrote (flowrl's configs log to it)")
             tx, ty = series(rows, f"train/{key}", x)
             if not tx:
                 raise SystemExit(f"{path} has no 'train/{key}' column; is it a flowrl CSVLogger metrics.csv?")
@@ -180,19 +218,20 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
         seeds = f", mean of {len(paths)}" if len(paths) > 1 else ""
         if len(paths) == 1:
             ax.plot(*trains[0], color=color, alpha=0.25, lw=1)
-        xs, mean, low, high = seed_band([(tx, moving_average(ty, window)) for tx, ty in trains])
+        xs, mean, low, high = seed_band([(tx, moving_average(ty, window)) for tx, ty in trains], x == "minutes")
         if len(paths) > 1:
             ax.fill_between(xs, low, high, color=color, alpha=0.2 if not split else 0.1, lw=0)
         ax.plot(xs, mean, color=color, lw=2, label=f"{label} train (moving mean of {window}{seeds})" if not split
                 else f"{label}{seeds.replace(', mean', ' (mean')}{')' if seeds else ''}")
         if all(vx for vx, _ in vals):
-            vx, vmean, vlow, vhigh = seed_band(vals)
+            vx, vmean, vlow, vhigh = seed_band(vals, x == "minutes")
             err = [[m - lo for m, lo in zip(vmean, vlow)], [hi - m for m, hi in zip(vmean, vhigh)]]
             vax.errorbar(vx, vmean, yerr=err if len(paths) > 1 else None, fmt="o--", color=color, ms=6, capsize=3,
                          label=None if split else f"{label} validation")
     # rollout/nfe is per trajectory: with equal batch sizes its running sum is proportional to the total compute
     xlabel = {"nfe": "model evaluations per trajectory, cumulative (NFE)",
-              "evaluations": "model evaluations, cumulative (the whole batch's)"}.get(x, "training step (one sampled "
+              "evaluations": "model evaluations, cumulative (the whole batch's)",
+              "minutes": "wall-clock minutes (mean over the seeds)"}.get(x, "training step (one sampled "
                                                                                       "batch)")
     for axes, what in ((ax, f"training {key} (moving mean)"),
                        (vax, f"held-out validation {key}: gain over the base model")) if split else (
@@ -217,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("runs", nargs="+", help="metrics.csv paths, optionally as label=path or label=path,path,...")
     parser.add_argument("--out", type=Path, default=Path("reward_curve.png"))
     parser.add_argument("--key", default="reward/total", help="metric after the train/ and val/ prefixes")
-    parser.add_argument("--x", choices=["step", "nfe", "evaluations"], default="step")
+    parser.add_argument("--x", choices=["step", "nfe", "evaluations", "minutes"], default="step")
     parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--table", action="store_true", help="also print a Markdown summary table")
     parser.add_argument("--split", action="store_true", help="training and validation in two panels, legend below")

@@ -75,6 +75,26 @@ def test_the_gain_by_half_the_evaluations_is_the_last_validation_before_it(plot_
     assert row.endswith("| 0.400 | 0.700 | 0.300 | 0.100 | 100 |")
 
 
+def test_minutes_come_from_the_tensorboard_events_beside_the_metrics(plot_rewards, tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    metrics = write_metrics(tmp_path / "metrics.csv")
+    with pytest.raises(SystemExit, match="no TensorBoard events file"):
+        plot_rewards.main([str(metrics), "--x", "minutes", "--out", str(tmp_path / "x.png")])
+    writer = SummaryWriter(tmp_path)  # what Lightning's TensorBoardLogger writes, with chosen wall times
+    for tag, step, seconds in [("val/reward/total", 0, 1000.0), ("train/reward/total", 0, 1030.0),
+                               ("train/reward/total", 1, 1060.0), ("train/reward/total", 2, 1120.0),
+                               ("val/reward/total", 2, 1180.0)]:
+        writer.add_scalar(tag, 0.0, step, walltime=seconds)
+    writer.close()
+    rows = plot_rewards.attach_minutes(plot_rewards.read_metrics(metrics), metrics)
+    assert plot_rewards.series(rows, "train/reward/total", "minutes") == ([0.5, 1.0, 2.0], [0.5, 0.7, 0.9])
+    assert plot_rewards.series(rows, "val/reward/total", "minutes") == ([0.0, 3.0], [0.4, 0.8])
+    assert plot_rewards.table({"run": [metrics]}).splitlines()[2].endswith("| 3.0 |")  # the run's wall minutes
+    plot_rewards.main([f"a={metrics}", f"b={metrics}", "--x", "minutes", "--out", str(tmp_path / "m.png")])
+    assert Image.open(tmp_path / "m.png").size == (840, 480)
+
+
 def test_seeds_with_different_steps_are_refused(plot_rewards, tmp_path):
     a = write_metrics(tmp_path / "a.csv")
     b = tmp_path / "b.csv"
