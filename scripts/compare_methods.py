@@ -10,9 +10,10 @@ DenseGRPO and TP-GRPO; one tree each for the tree methods), until it has spent `
 included; ``flowrl.callbacks.EvaluationBudget`` stops the run at the batch that reaches it, as a method's cost per
 batch may change, e.g. Dynamic-TreeRPO's moving window): a two-batch probe measures each method's evaluations per
 batch, which sets its validation interval.
-``--variant`` adds runs of a method with overrides (the levers that cut the cost of dense credit). Validation: the 128 held-out prompts of
-``configs/prompts/digits_val.txt`` with the 10-step ODE, before the first batch, at ``--val-every`` batches' worth of
-budget and after the last. The runs' ``metrics.csv`` files go under ``--out/<method>/seed<k>/``; the plot
+``--variant`` adds runs of a method with overrides (the levers that cut the cost of dense credit). Rerunning the same
+command after an interruption keeps every run that already spent the budget and restarts the others. Validation: the
+128 held-out prompts of ``configs/prompts/digits_val.txt`` with the 10-step ODE, before the first batch, at
+``--val-every`` batches' worth of budget and after the last. The runs' ``metrics.csv`` files go under ``--out/<method>/seed<k>/``; the plot
 (training reward and validation against cumulative evaluations, mean and min-max band over seeds) and a Markdown
 table come from ``scripts/plot_rewards.py``.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import shutil
 import os
 import subprocess
 import sys
@@ -54,6 +56,15 @@ def finished(proc: subprocess.Popen, what: str) -> None:
 def metrics_file(out: Path) -> Path:
     (path,) = sorted(out.glob("*/version_*/metrics.csv"))[-1:]
     return path
+
+
+def spent(out: Path) -> float:
+    """The model evaluations a finished or interrupted run in ``out`` spent (the sum of its batches'; 0 if none)."""
+    try:
+        with open(metrics_file(out)) as f:
+            return sum(float(r["rollout/evaluations"]) for r in csv.DictReader(f) if r.get("rollout/evaluations"))
+    except ValueError:  # no run there yet
+        return 0.0
 
 
 def evaluations_per_batch(config: str, out: Path, prompts: int, overrides: list[str]) -> float:
@@ -105,7 +116,12 @@ def main(argv=None) -> None:
         with ThreadPoolExecutor(args.jobs) as pool:
             def run(job):
                 name, seed, config, folder, batches, extra = job
-                finished(fit(config, args.out / folder / f"seed{seed}", seed, args.prompts, batches, extra),
+                out = args.out / folder / f"seed{seed}"
+                if spent(out) >= args.budget:  # a rerun after an interruption keeps the runs that finished
+                    print(f"kept: {name} seed {seed}", flush=True)
+                    return
+                shutil.rmtree(out, ignore_errors=True)
+                finished(fit(config, out, seed, args.prompts, batches, extra),
                          f"{name} seed {seed}")
                 print(f"done: {name} seed {seed}", flush=True)
 

@@ -100,9 +100,11 @@ def test_fsdp2_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(tiny
     assert any(not torch.equal(ema_a["shadow"][k], a["state_dict"][k]) for k in ema_a["shadow"])
 
 
-@pytest.mark.parametrize("config", ["tiny_dense_grpo.yaml", "tiny_tp_grpo.yaml"])
+@pytest.mark.parametrize("config", ["tiny_dense_grpo.yaml", "tiny_tp_grpo.yaml", "tiny_tempflow_grpo.yaml",
+                                    "tiny_tree_rpo.yaml", "tiny_branch_grpo.yaml"])
 def test_fsdp2_dense_methods_print_the_numbers_of_one_process(config, tmp_path, capsys, monkeypatch):
-    # their rollouts complete states with the ODE on the sharded denoiser (all-gathered per block)
+    # their rollouts complete states with the ODE on the sharded denoiser (all-gathered per block); the tree methods
+    # also batch a depth's nodes of trees that live on different ranks' shards of the batch
     one = one_process(config, tmp_path / "one", capsys, monkeypatch)
     assert summary(fit(config, tmp_path / "two", *FSDP2)) == one
 
