@@ -5,6 +5,8 @@ adapters that trail trained ones.
 Every backward runs without DDP's gradient sync (``host.no_sync()``) and each adapter's gradients are averaged over
 the ranks once, just before its step (one collective, the same on every rank). DDP's own reducer expects a gradient
 for every trainable parameter at each synced backward, which a loss that trains one adapter of three never gives.
+Under FSDP2 (``fsdp2``) each backward reduce-scatters the gradients it produced instead, as the shards' gradients
+must be (one collective per micro-batch rather than per step); the adapters are sharded with the blocks they sit in.
 An auxiliary adapter's step (TDM-R1's fake score and surrogate reward) runs through the strategy (precision plugin,
 ``on_before_optimizer_step`` hooks) but does not count as a global step, so ``trainer.max_steps``, checkpoints and EMA
 count the generator's steps, one per batch.
@@ -29,15 +31,28 @@ def adapter_optimizers(factory: Callable, policy: FlowPolicy, adapters: list[str
 
 
 def backward(host, loss: Tensor) -> None:
-    """``loss.backward()`` through the strategy, without a gradient sync (see :func:`reduce_gradients`)."""
+    """``loss.backward()`` through the strategy, without a gradient sync (see :func:`reduce_gradients`); under FSDP2
+    with it: each backward reduce-scatters (averages) the gradients it produced, those of the adapter it trains."""
+    if sharded(host):
+        host.manual_backward(loss)
+        return
     with host.no_sync():
         host.manual_backward(loss)
 
 
+def sharded(host) -> bool:
+    """Whether the host's weights are FSDP2 shards: their gradients are reduced in the backward, never after it
+    (FSDP2 keeps gradients it did not reduce unsharded, out of reach of a later all-reduce)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return isinstance(host.trainer.strategy, ModelParallelStrategy)
+
+
 @torch.no_grad()
 def reduce_gradients(host, params: list[nn.Parameter]) -> None:
-    """Average the gradients of ``params`` over the ranks (one all-reduce); a missing gradient counts as zero."""
-    if host.trainer.world_size == 1 or not params:
+    """Average the gradients of ``params`` over the ranks (one all-reduce); a missing gradient counts as zero.
+    Under FSDP2 the backward did it."""
+    if host.trainer.world_size == 1 or not params or sharded(host):
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = host.trainer.strategy.reduce(torch.cat([g.flatten() for g in grads]), reduce_op="mean")

@@ -3,11 +3,11 @@
 Each problem names the setting and the fix. What they guard:
 
 - FSDP2 (``fsdp2``) and ZeRO-3: every forward of the sharded denoiser is a collective, so ranks must draw the same
-  number of validation batches; the likelihood-free methods (named adapters, their own gradient all-reduce) are not
-  sharded yet.
+  number of validation batches.
 - Lightning's FSDP1 (``fsdp``): not supported by the loop (flat parameters hide the per-parameter gradients the
   checked optimizer step and clipping read); ``fsdp2`` shards the same blocks and runs on CPU and GPU.
-- DeepSpeed (``deepspeed_stage_2`` / ``_3``): an optional extra, CUDA only, one optimizer, clipping inside its engine
+- DeepSpeed (``deepspeed_stage_2`` / ``_3``): an optional extra, CUDA only, one optimizer (not the likelihood-free
+  methods, whose named adapters have one each), clipping inside its engine
   (its config's ``gradient_clipping``, not ``model.max_grad_norm``), and under ZeRO-3 no EMA of the weights (they
   live partitioned in the engine's buffers).
 """
@@ -78,10 +78,10 @@ def strategy_problems(config: dict, method: type, world: Optional[int], num_val_
         problems.append(f"trainer.strategy={shown!r} (Lightning's FSDP1) is not supported by flowrl's loop: its flat "
                         "parameters hide the per-parameter gradients the checked optimizer step reads; use "
                         "--trainer.strategy=fsdp2 (FSDP2 fully_shard of the same blocks, on CPU or GPU)")
-    if kind in ("fsdp2", "deepspeed") and not _is_policy_gradient(method):
+    if kind == "deepspeed" and not _is_policy_gradient(method):
         problems.append(f"model.class_path={method.__name__} trains named adapters with one optimizer each and its "
-                        f"own gradient all-reduce, which trainer.strategy={shown!r} does not support yet; use "
-                        "--trainer.strategy=ddp")
+                        f"own gradient reduction, which trainer.strategy={shown!r} (one optimizer in DeepSpeed's "
+                        "engine) does not support; use --trainer.strategy=ddp, or fsdp2 to shard the weights")
     if kind == "fsdp2" and int(options.get("tensor_parallel_size", 1)) != 1:
         problems.append("trainer.strategy: flowrl shards with FSDP2 over data-parallel ranks only; set "
                         "tensor_parallel_size: 1 (or use --trainer.strategy=fsdp2)")

@@ -115,7 +115,8 @@ def test_exported_policy_lora_loads_in_the_diffusers_pipeline(sd3_dir, tmp_path)
                                    ["default", "old"])
 
 
-def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_processes_equal_one_process(tiny_model_dir, tmp_path, strategy):
     # SGD (lr 1, no clipping), two minibatches whose rows the ranks hold in unequal shares: the all-reduced gradient
     # must be the minibatch's mean over every rank
     common = ["--trainer.max_steps=2", "--model.init_args.num_minibatches=2", "--model.init_args.micro_batch_size=3",
@@ -123,5 +124,5 @@ def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
               "--model.init_args.max_grad_norm=null"]
     run_cli(shrunk("tiny_diffusion_nft.yaml", tmp_path / "one", *common, model_dir=tiny_model_dir), ROOT)
     run_cli(shrunk("tiny_diffusion_nft.yaml", tmp_path / "two", *common, "--trainer.devices=2",
-                   "--trainer.strategy=ddp", model_dir=tiny_model_dir), ROOT)
+                   f"--trainer.strategy={strategy}", model_dir=tiny_model_dir), ROOT)
     assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")

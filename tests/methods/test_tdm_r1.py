@@ -126,14 +126,15 @@ def test_exported_generator_lora_loads_in_the_diffusers_pipeline(sd3_dir, tmp_pa
                                    list(ADAPTERS))
 
 
-def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_processes_equal_one_process(tiny_model_dir, tmp_path, strategy):
     # SGD (lr 1, no clipping): each update is the gradient averaged over all samples, so a rank that missed an
     # adapter's all-reduce would be off by O(1); the fake score and surrogate steps come before the generator's
     common = ["--trainer.max_steps=1", "--model.init_args.generator_init=null",
               "--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.lr=1.0",
               "--model.init_args.adapter_optimizer_options={}", "--model.init_args.max_grad_norm=null"]
     run_cli(shrunk("tiny_tdm_r1.yaml", tmp_path / "one", *common, model_dir=tiny_model_dir), ROOT)
-    run_cli(shrunk("tiny_tdm_r1.yaml", tmp_path / "two", *common, "--trainer.devices=2", "--trainer.strategy=ddp",
+    run_cli(shrunk("tiny_tdm_r1.yaml", tmp_path / "two", *common, "--trainer.devices=2", f"--trainer.strategy={strategy}",
                    model_dir=tiny_model_dir), ROOT)
     assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
     w1 = torch.load(tmp_path / "one/dump/weights.pt")

@@ -1,0 +1,50 @@
+"""TDM-R1 under FSDP2 (2 CPU processes, ``--trainer.strategy=fsdp2``): a resume from the sharded checkpoint folder
+equals an uninterrupted run, every adapter's weights and every adapter's optimizer state included, and ``python -m
+flowrl export`` writes the generator's LoRA from such a folder for the plain diffusers pipeline. The 2-process
+runs equal to 1-process runs, for TDM-R1 and DiffusionNFT under DDP and FSDP2, are in ``test_tdm_r1.py`` and
+``test_diffusion_nft.py``."""
+
+from pathlib import Path
+
+import torch
+
+from flowrl.sharded_checkpoint import load_consolidated
+from tests.cli.test_fit import load_steps, run_cli
+from tests.methods.likelihood_free import CHECKPOINTS, ROOT, assert_export_matches_pipeline, shrunk
+from tests.policies.conftest import sd3_dir  # noqa: F401  the tiny SD3 pipeline fixture
+
+ADAPTERS = ("default", "fake_score", "surrogate", "surrogate_old")
+
+
+def test_tdm_r1_resumes_exactly_from_a_sharded_checkpoint(tiny_model_dir, tmp_path):
+    def args(out: Path, *extra: str) -> list[str]:
+        return shrunk("tiny_tdm_r1.yaml", out, "--trainer.devices=2", "--trainer.strategy=fsdp2",
+                      "--model.init_args.generator_init=null", *CHECKPOINTS, *extra, model_dir=tiny_model_dir)
+
+    run_cli(args(tmp_path / "straight", "--trainer.max_steps=4"), ROOT)
+    run_cli(args(tmp_path / "first", "--trainer.max_steps=2"), ROOT)
+    saved = next((tmp_path / "first").rglob("*step=2.ckpt"))
+    assert saved.is_dir() and len(list(saved.glob("*.distcp"))) == 2  # one shard file per rank
+    run_cli(args(tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}"), ROOT)
+
+    straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
+    assert sorted(resumed) == ["step2_rank0", "step2_rank1", "step3_rank0", "step3_rank1"]
+    for key in resumed:  # the sampler's position and every adapter carried over: the same rollouts and advantages
+        for field in ("seeds", "rewards", "advantages"):
+            assert torch.equal(straight[key][field], resumed[key][field]), (key, field)
+    a, b = (load_consolidated(next((tmp_path / run).rglob("*step=4.ckpt"))) for run in ("straight", "resumed"))
+    assert {name for name in ADAPTERS if any(f".{name}." in k for k in a["state_dict"])} == set(ADAPTERS)
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    optimizers = sorted(k for k in a if k.startswith("optimizer_"))
+    assert optimizers == ["optimizer_0", "optimizer_1", "optimizer_2"]  # the generator, fake score and surrogate's
+    for name in optimizers:  # AdamW's moments of each adapter, gathered from both ranks' shards
+        assert a[name]["state"] and a[name]["state"].keys() == b[name]["state"].keys()
+        for k, state in a[name]["state"].items():
+            assert all(torch.equal(v, b[name]["state"][k][s]) for s, v in state.items()), (name, k)
+
+
+def test_tdm_r1_generator_exported_from_a_sharded_checkpoint_loads_in_the_diffusers_pipeline(sd3_dir, tmp_path):
+    assert_export_matches_pipeline(tmp_path, sd3_dir, "flowrl.methods.TDMR1",
+                                   "    num_train_steps: 2\n    time_shift: 3.0\n    guidance_scale: 1.0",
+                                   list(ADAPTERS), ("--trainer.devices=2", "--trainer.strategy=fsdp2"))
