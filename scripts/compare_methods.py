@@ -12,9 +12,9 @@ batch may change, e.g. Dynamic-TreeRPO's moving window): a two-batch probe measu
 batch, which sets its validation interval. ``--variant`` adds runs of a method with overrides (the levers that cut
 the cost of dense credit). Rerunning the same command after an interruption keeps every run that already spent the
 budget and restarts the others. Validation: the 128 held-out prompts of ``configs/prompts/digits_val.txt`` with the
-10-step ODE, before the first batch, at ``--val-every`` batches' worth of budget and after the last. The runs' ``metrics.csv`` files go under ``--out/<method>/seed<k>/``; the plot
-(training reward and validation against cumulative evaluations, mean and min-max band over seeds) and a Markdown
-table come from ``scripts/plot_rewards.py``.
+10-step ODE, before the first batch, at ``--val-every`` batches' worth of budget and after the last. The runs'
+``metrics.csv`` files go under ``--out/<method>/seed<k>/``; the plot (training reward and validation against
+cumulative evaluations, mean and min-max band over seeds) and a Markdown table come from ``scripts/plot_rewards.py``.
 """
 
 from __future__ import annotations
