@@ -82,7 +82,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--prompts", type=int, default=8, help="prompts per batch")
     parser.add_argument("--val-every", type=float, default=0.25, help="validate every this fraction of the budget")
-    parser.add_argument("--methods", nargs="+", default=POLICY_GRADIENT, choices=list(METHODS))
+    parser.add_argument("--methods", nargs="*", default=POLICY_GRADIENT, choices=list(METHODS),
+                        help="methods run at their configs' settings (none: only the --variant runs)")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=METHOD:OVERRIDE[,OVERRIDE]",
                         help="an extra run of METHOD with command-line overrides, e.g. "
                              "'DenseGRPO reused v=DenseGRPO:--model.init_args.completion_steps=0'")
