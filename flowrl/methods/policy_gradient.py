@@ -166,6 +166,11 @@ class PolicyGradient(BaseModule):
         """Per (row, step) loss weights ``[B, T]``."""
         return torch.ones_like(batch.log_probs)
 
+    def supervised_weights(self, batch: Rollout, total: Tensor, valid: Tensor, advantages: Tensor) -> Optional[Tensor]:
+        """Weights ``[B, T]`` of a likelihood term ``-w log p`` beside the policy loss (None: none; Dynamic-TreeRPO's
+        LayerTuning-RL declares one)."""
+        return None
+
     # -- the loop ------------------------------------------------------------------------------------------
 
     def transition(self, rollout: Rollout, cond: Conditioning, pairs: Tensor):
@@ -197,8 +202,10 @@ class PolicyGradient(BaseModule):
         weights = self.loss_weights(view) * valid[:, None]
         train_mask = view.trained_once()
         rollout.step_rewards, rollout.train_mask = step_rewards[mine], train_mask[mine]
+        supervised = self.supervised_weights(view, total, valid, advantages)
         metrics = self.ppo.run(self, rollout, cond, advantages[mine], weights[mine], train_mask, mine,
-                               seed=self.seed * 1_000_003 + self.global_step)
+                               seed=self.seed * 1_000_003 + self.global_step,
+                               supervised=None if supervised is None else supervised[mine])
         raw_total = self.reward_set.total(rollout.rewards)[0]
         self._log_step(rollout, raw_total, valid[mine], advantages[mine], metrics, sampling_s)
         return {"images": rollout.images, "prompts": rollout.prompts, "rewards": total[mine], "seeds": rollout.seeds,

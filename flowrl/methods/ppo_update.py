@@ -59,7 +59,7 @@ class PPOUpdate:
         return [mb.micro for mb in self.minibatches(pairs, gen)]
 
     def run(self, host, rollout: Rollout, cond: Conditioning, advantages: Tensor, weights: Tensor,
-            global_mask: Tensor, rows: slice, seed: int) -> dict[str, float]:
+            global_mask: Tensor, rows: slice, seed: int, supervised: Optional[Tensor] = None) -> dict[str, float]:
         """The update of one batch; returns the metrics to log (means over this rank's pairs).
 
         Args:
@@ -67,6 +67,8 @@ class PPOUpdate:
             rollout: this rank's rows, whose ``train_mask`` are the pairs it trains.
             advantages, weights: ``[B, T]`` this rank's. global_mask: ``[B_all, T]`` the trained pairs of every
                 rank, in rank order; ``rows`` this rank's rows of it. seed: of this batch's shuffles.
+            supervised: ``[B, T]`` this rank's weights of a likelihood term ``-w log p(pair)`` added to the policy
+                loss (LayerTuning-RL); None: none.
         """
         host.policy.train()
         opt = host.optimizers()
@@ -97,7 +99,7 @@ class PPOUpdate:
                 chunks = minibatch.micro + [filler] * minibatch.padding
                 for i, chunk in enumerate(chunks):
                     with nullcontext() if i == len(chunks) - 1 else host.no_sync():
-                        loss, stats = self.pair_loss(host, rollout, cond, advantages, weights, chunk)
+                        loss, stats = self.pair_loss(host, rollout, cond, advantages, weights, chunk, supervised)
                         # DDP averages gradients over ranks: scaled so the result is the minibatch's mean
                         host.manual_backward(loss * (len(chunk) * world) / minibatch.size if i < len(minibatch.micro)
                                              else loss * 0.0)
@@ -125,8 +127,9 @@ class PPOUpdate:
         return {**out, **checked}
 
     def pair_loss(self, host, rollout: Rollout, cond: Conditioning, advantages: Tensor, weights: Tensor,
-                  pairs: Tensor) -> tuple[Tensor, dict[str, float]]:
-        """Mean policy loss (+ beta KL) over ``pairs [P, 2]`` and its diagnostics.
+                  pairs: Tensor, supervised: Optional[Tensor] = None) -> tuple[Tensor, dict[str, float]]:
+        """Mean policy loss (+ beta KL, + ``supervised[b, k] * -log p`` where given) over ``pairs [P, 2]`` and its
+        diagnostics.
 
         The pairs are laid out as ``[R, T]`` rows (one per sample of the micro-batch) for ``flowrl.losses``, so a
         sequence-level loss sees each sample's trained steps together; the reduction is the weighted mean over pairs.
@@ -148,6 +151,10 @@ class PPOUpdate:
             kl = losses.gaussian_mean_kl(out.mean, ref.mean, out.std)  # [P]
             per_pair = per_pair + self.beta * kl
             metrics["kl"] = kl.mean().item()
+        if supervised is not None:
+            term = -supervised[b, k] * out.log_prob  # [P]
+            per_pair = per_pair + term
+            metrics["supervised_loss"] = term.mean().item()
         metrics["loss"] = (per_pair * w).mean().item()
         return (per_pair * w).mean(), metrics
 

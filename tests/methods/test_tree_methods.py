@@ -135,6 +135,7 @@ def test_two_processes_compute_the_advantages_of_one(tiny_model_dir, tmp_path, m
     ("TempFlowGRPO", "--model.init_args.branches=1", "model.branches=1"),
     ("TempFlowGRPO", "--model.init_args.branch_steps=[9]", "model.branch_steps=[9]"),
     ("TreeRPO", "--model.init_args.window_start=8", "model.window_start=8"),
+    ("TreeRPO", "--model.init_args.layer_tuning=-1", "model.layer_tuning=-1"),
     ("BranchGRPO", "--model.init_args.width_pruning=widest", "model.width_pruning='widest'"),
     ("BranchGRPO", "--model.init_args.advantage_group=seed", "model.advantage_group='seed'"),
 ])
