@@ -20,7 +20,7 @@ Data flow of one training step (``PolicyGradient.training_step``)::
     prompts --policy.encode--> cond --rollout (sample_from, per-row cond_rows)--> Rollout (this rank's rows)
       --reward set (submit per sampling chunk)--> rewards {name: [B]}
       --gather over ranks--> view: rewards, groups, masks, node ids, completion rewards   [B_all, ...]
-      --aggregate, step_rewards, advantages, loss_weights (hooks, same on every rank)--> [B_all, T]
+      --aggregate, step_rewards, advantages, loss_weights, supervised_weights (hooks, same on every rank)--> [B_all, T]
       --this rank's rows--> PPOUpdate: minibatches of the gathered pairs, this rank's share, optimizer steps
 """
 
