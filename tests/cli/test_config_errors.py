@@ -39,6 +39,15 @@ def test_bad_numbers_fail_before_loading(extra, message):
     assert message in fails(*extra)
 
 
+def test_a_shipped_config_run_from_elsewhere_names_where_its_prompts_are(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a new user's own folder: the config's relative prompt files are not there
+    out = fails("--data.prompts=configs/prompts/digits_train.txt")
+    assert "data.prompts='configs/prompts/digits_train.txt' does not exist" in out
+    assert f"run from {ROOT} or pass --data.prompts={ROOT / 'configs/prompts/digits_train.txt'}" in out
+    assert "data.prompts='no_such.txt' does not exist" in fails("--data.prompts=no_such.txt")  # not shipped: no hint
+    assert "run from" not in fails("--data.prompts=no_such.txt")
+
+
 def test_a_missing_local_model_is_named_without_a_parser_dump():
     out = fails()
     assert f"model.init_args.policy.init_args.model='{MISSING}'" in out and "does not exist" in out
