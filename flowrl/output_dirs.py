@@ -15,7 +15,7 @@ def unwritable(folder: str) -> Optional[str]:
 
     >>> unwritable(tempfile.mkdtemp()) is None
     True
-    >>> file = tempfile.mkstemp()[1]; unwritable(os.path.join(file, "sub")).split(":")[0]
+    >>> file = tempfile.mkstemp()[1]; unwritable(str(Path(file) / "sub")).split(":")[0]
     'NotADirectoryError'
     """
     try:

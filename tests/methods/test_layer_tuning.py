@@ -78,10 +78,11 @@ def test_a_step_on_the_term_alone_raises_the_best_paths_likelihood(tree):
 
 
 def test_a_cli_fit_logs_the_supervised_loss(tiny_model_dir, tmp_path):
-    run_cli(tree_fit(tiny_model_dir, tmp_path, "flowrl.methods.TreeRPO", "--model.init_args.window_size=2",
+    out = tmp_path / "run"  # tree_fit writes its config beside `out`, in tmp_path
+    run_cli(tree_fit(tiny_model_dir, out, "flowrl.methods.TreeRPO", "--model.init_args.window_size=2",
                      "--model.init_args.window_start=1", "--model.init_args.layer_tuning=0.5",
                      "--trainer.max_steps=2", "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
-                     f"--trainer.logger.save_dir={tmp_path}"), tmp_path)
-    assert sorted(load_steps(tmp_path)) == ["step0_rank0", "step1_rank0"]
-    logged = metrics(tmp_path)
+                     f"--trainer.logger.save_dir={out}"), tmp_path)
+    assert sorted(load_steps(out)) == ["step0_rank0", "step1_rank0"]
+    logged = metrics(out)
     assert logged["train/supervised_loss"] != 0 and math.isfinite(logged["train/supervised_loss"])
