@@ -85,9 +85,9 @@ def config_problems(config: Any) -> list[str]:
         problems.append("trainer.use_distributed_sampler=true would re-split the GRPO groups; set it to false")
     for key in ("prompts", "val_prompts"):
         if isinstance(source := data.get(key), str) and not Path(source).expanduser().is_file():
-            shipped = Path(__file__).resolve().parents[1] / source  # a shipped config's prompts, run from elsewhere
-            fix = (f"run from {shipped.parents[len(Path(source).parents) - 1]} or pass --data.{key}={shipped}"
-                   if shipped.is_file() else "give a .txt/.jsonl file or a list of prompts")
+            repository = Path(__file__).resolve().parents[1]  # a shipped config's prompts, run from elsewhere
+            fix = (f"run from {repository} or pass --data.{key}={repository / source}"
+                   if (repository / source).is_file() else "give a .txt/.jsonl file or a list of prompts")
             problems.append(f"data.{key}={source!r} does not exist (relative paths start at {Path.cwd()}); {fix}")
     if ckpt := config.get("ckpt_path"):
         problems += checkpoint_problems(str(ckpt))

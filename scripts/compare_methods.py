@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor

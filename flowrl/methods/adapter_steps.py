@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from flowrl.methods.fsdp2_strategy import is_fsdp2
 from flowrl.policies.base import FlowPolicy, adapter_of
 
 
@@ -33,26 +34,19 @@ def adapter_optimizers(factory: Callable, policy: FlowPolicy, adapters: list[str
 def backward(host, loss: Tensor) -> None:
     """``loss.backward()`` through the strategy, without a gradient sync (see :func:`reduce_gradients`); under FSDP2
     with it: each backward reduce-scatters (averages) the gradients it produced, those of the adapter it trains."""
-    if sharded(host):
+    # FSDP2 keeps gradients it did not reduce unsharded, out of reach of a later all-reduce
+    if is_fsdp2(host.trainer.strategy):
         host.manual_backward(loss)
         return
     with host.no_sync():
         host.manual_backward(loss)
 
 
-def sharded(host) -> bool:
-    """Whether the host's weights are FSDP2 shards: their gradients are reduced in the backward, never after it
-    (FSDP2 keeps gradients it did not reduce unsharded, out of reach of a later all-reduce)."""
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    return isinstance(host.trainer.strategy, ModelParallelStrategy)
-
-
 @torch.no_grad()
 def reduce_gradients(host, params: list[nn.Parameter]) -> None:
     """Average the gradients of ``params`` over the ranks (one all-reduce); a missing gradient counts as zero.
     Under FSDP2 the backward did it."""
-    if host.trainer.world_size == 1 or not params or sharded(host):
+    if host.trainer.world_size == 1 or not params or is_fsdp2(host.trainer.strategy):
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = host.trainer.strategy.reduce(torch.cat([g.flatten() for g in grads]), reduce_op="mean")

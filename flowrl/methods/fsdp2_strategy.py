@@ -115,10 +115,16 @@ class FSDP2Strategy(ModelParallelStrategy):
         return metadata
 
 
+def is_fsdp2(strategy) -> bool:
+    """Whether the strategy shards the policy with FSDP2 (``fsdp2`` or any ``ModelParallelStrategy``): its weights and
+    gradients are DTensor shards, gradients reduced inside the backward."""
+    return isinstance(strategy, ModelParallelStrategy)
+
+
 def forward_is_collective(strategy) -> bool:
     """Whether each forward of the denoiser all-gathers weights from every rank (FSDP2 or DeepSpeed ZeRO-3 on
     several processes), so every rank must run as many as the others."""
-    sharded = isinstance(strategy, ModelParallelStrategy) or getattr(strategy, "zero_stage_3", False)
+    sharded = is_fsdp2(strategy) or getattr(strategy, "zero_stage_3", False)
     return bool(sharded) and strategy.world_size > 1
 
 
@@ -129,7 +135,7 @@ def shard_for_strategy(strategy, policy) -> list[str]:
     Raises:
         ValueError: a ``ModelParallelStrategy`` with tensor parallelism, which flowrl does not apply.
     """
-    if not isinstance(strategy, ModelParallelStrategy):
+    if not is_fsdp2(strategy):
         return []
     mesh = strategy.device_mesh
     if mesh["tensor_parallel"].size() > 1:

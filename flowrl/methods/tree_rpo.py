@@ -30,8 +30,8 @@ from torch import Tensor
 
 from flowrl.methods.layer_tuning import layer_tuning_weights
 from flowrl.methods.tree_method import TreeMethod, tree_problems
-from flowrl.sampling.rollout import Rollout
 from flowrl.policies.base import FlowPolicy
+from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.tree import TreeShape
 
 TREE_ADVANTAGE_OPTIONS: dict[str, Any] = {"among": "depth", "eps": 1e-4, "ddof": 0, "clip": 5.0}

@@ -104,7 +104,7 @@ def test_fsdp2_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(tiny
                                     "tiny_tree_rpo.yaml", "tiny_branch_grpo.yaml"])
 def test_fsdp2_dense_methods_print_the_numbers_of_one_process(config, tmp_path, capsys, monkeypatch):
     # their rollouts complete states with the ODE on the sharded denoiser (all-gathered per block); the tree methods
-    # also batch a depth's nodes of trees that live on different ranks' shards of the batch
+    # also run each depth's nodes as one batched forward of it
     one = one_process(config, tmp_path / "one", capsys, monkeypatch)
     assert summary(fit(config, tmp_path / "two", *FSDP2)) == one
 

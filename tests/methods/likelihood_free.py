@@ -3,6 +3,7 @@ tiny SD3 pipeline fit whose checkpoint the export command turns into diffusers L
 
 from pathlib import Path
 
+import pytest
 import torch
 from diffusers import StableDiffusion3Pipeline
 
@@ -29,6 +30,15 @@ def shrunk(config: str, out: Path, *extra: str, model_dir: str = None) -> list[s
             "--data.num_groups=2", "--data.group_size=4", f"--data.prompts={PROMPTS}",
             "--data.val_prompts=[red 1 and blue 2, green 3 and red 4]", *extra,
             "--trainer.callbacks+=tests.cli.dump_outputs.DumpOutputs", f"--trainer.callbacks.out={out}/dump"]
+
+
+def option_errors(config: str, tmp_path: Path, *options: str) -> str:
+    """The error of a ``fit`` of ``configs/<config>`` (run from the repository) with ``options``, whose model path
+    does not exist either: the option checks must answer before anything loads."""
+    with pytest.raises(SystemExit) as raised:
+        main(["fit", "--config", f"configs/{config}", f"--model.init_args.policy.init_args.model={tmp_path}/no",
+              *options])
+    return str(raised.value)
 
 
 def assert_resume_is_exact(args, out: Path, adapters: tuple[str, ...]) -> dict:

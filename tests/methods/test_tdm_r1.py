@@ -12,7 +12,8 @@ from flowrl.methods.adapter_steps import follow
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.policies.base import adapter_of
 from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli
-from tests.methods.likelihood_free import ROOT, assert_export_matches_pipeline, assert_resume_is_exact, shrunk
+from tests.methods.likelihood_free import (ROOT, assert_export_matches_pipeline, assert_resume_is_exact, option_errors,
+                                           shrunk)
 from tests.methods.test_method_layer import method_help
 from tests.policies.conftest import sd3_dir  # noqa: F401  the tiny SD3 pipeline fixture
 
@@ -62,12 +63,11 @@ def test_adapters_draws_and_the_old_surrogate_by_hand(method):
 
 def test_option_errors_come_before_any_weight_loads(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    with pytest.raises(SystemExit) as raised:  # the model path does not exist either: nothing was loaded
-        main(["fit", "--config", "configs/tiny_tdm_r1.yaml", f"--model.init_args.policy.init_args.model={tmp_path}/no",
-              "--model.init_args.guidance_scale=4.5", "--model.init_args.tdm_weight=1.5",
-              "--model.init_args.num_train_steps=5", "--model.init_args.adapter_optimizer_options={generator: {}}",
-              "--model.init_args.generator_init=./no/such/lora", "--model.init_args.policy.init_args.lora=null"])
-    err = str(raised.value) + capsys.readouterr().err
+    err = option_errors("tiny_tdm_r1.yaml", tmp_path, "--model.init_args.guidance_scale=4.5",
+                        "--model.init_args.tdm_weight=1.5", "--model.init_args.num_train_steps=5",
+                        "--model.init_args.adapter_optimizer_options={generator: {}}",
+                        "--model.init_args.generator_init=./no/such/lora",
+                        "--model.init_args.policy.init_args.lora=null") + capsys.readouterr().err
     for key in ("model.guidance_scale=4.5", "model.tdm_weight=1.5", "model.num_train_steps=5", "['generator']",
                 "model.generator_init='./no/such/lora'", "lora=null", f"{tmp_path}/no"):
         assert key in err, key
@@ -134,8 +134,8 @@ def test_two_processes_equal_one_process(tiny_model_dir, tmp_path, strategy):
               "--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.lr=1.0",
               "--model.init_args.adapter_optimizer_options={}", "--model.init_args.max_grad_norm=null"]
     run_cli(shrunk("tiny_tdm_r1.yaml", tmp_path / "one", *common, model_dir=tiny_model_dir), ROOT)
-    run_cli(shrunk("tiny_tdm_r1.yaml", tmp_path / "two", *common, "--trainer.devices=2", f"--trainer.strategy={strategy}",
-                   model_dir=tiny_model_dir), ROOT)
+    run_cli(shrunk("tiny_tdm_r1.yaml", tmp_path / "two", *common, "--trainer.devices=2",
+                   f"--trainer.strategy={strategy}", model_dir=tiny_model_dir), ROOT)
     assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
     w1 = torch.load(tmp_path / "one/dump/weights.pt")
     for name in ("fake_score", "surrogate", "surrogate_old"):
