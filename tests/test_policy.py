@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flowrl.policies import LoraOptions, TinyFlowPolicy
+from flowrl.policies import Conditioning, LoraOptions, TinyFlowPolicy
 from flowrl.hub import resolve_model
 
 
@@ -15,7 +15,7 @@ def test_loads_from_a_folder_and_runs_cfg(tiny_model_dir):
     v_c = policy.velocity(z, sigma, cond, 1.0)
     with torch.no_grad():
         both = policy._forward(torch.cat([z, z]), torch.cat([sigma, sigma]),
-                               torch.cat([cond.null_embeds, cond.embeds]), torch.cat([cond.null_pooled, cond.pooled]))
+                               Conditioning.cat([cond.unconditional(), cond.conditional()]))
     v_u = both[:2]
     assert torch.allclose(policy.velocity(z, sigma, cond, 3.0), v_u + 3.0 * (v_c - v_u), atol=1e-5)
     assert policy.sigmas(10).shape == (11,) and policy.sigmas(10)[-1] == 0 and policy.sigmas(10)[0] == 1

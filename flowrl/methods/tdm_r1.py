@@ -243,7 +243,7 @@ class TDMR1(BaseModule):
                     z_tau, _, _ = renoise(z_next, sigma_next.expand(n), tau.expand(n),
                                           self._noise(batch["seeds"][rows], 2, i))
                     targets = {"real_cond": self.x0(None, z_tau, tau, c), "fake": self.x0("fake_score", z_tau, tau, c),
-                               "real_uncond": self.x0(None, z_tau, tau, Conditioning(c.null_embeds, c.null_pooled))}
+                               "real_uncond": self.x0(None, z_tau, tau, c.unconditional())}
                     if j < self.trunc_steps:  # the surrogate's direction, from noise shared by the group
                         z_s, _, _ = renoise(z_next, sigma_next.expand(n), tau_s.expand(n),
                                             self._noise(batch["group_ids"][rows], 3, i))

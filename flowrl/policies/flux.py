@@ -82,14 +82,14 @@ class FluxPolicy(PipelinePolicy):
 
     def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
         """Velocity ``[B, C, h, w]`` with ``guidance_scale`` as the distilled guidance input (one evaluation)."""
-        return self._forward(latents, sigma, cond.embeds, cond.pooled, guidance_scale)
+        return self._forward(latents, sigma, cond, guidance_scale)
 
-    def _forward(self, latents: Tensor, sigma: Tensor, embeds: Tensor, pooled: Tensor,
-                 guidance_scale: float = 1.0) -> Tensor:
+    def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
         b, c, h, w = latents.shape
         dtype, device = self.denoiser_dtype, latents.device
         packed = FluxPipeline._pack_latents(latents.to(dtype), b, c, h, w)  # [B, h/2 * w/2, 4C]
         image_ids = FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, device, dtype)
+        embeds, pooled = cond.embeds, cond.pooled
         text_ids = torch.zeros(embeds.shape[1], 3, device=device, dtype=dtype)
         guidance = None
         if self.denoiser.config.guidance_embeds:

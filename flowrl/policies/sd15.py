@@ -24,7 +24,7 @@ from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNe
 from torch import Tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
-from flowrl.policies.base import LoraOptions
+from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.hub import resolve_model
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.sd3 import resolution_problem
@@ -109,10 +109,10 @@ class SD15Policy(PipelinePolicy):
         grid = self._sigma_grid.to(sigma.device)
         return (grid[None, :] - sigma.float()[:, None]).abs().argmin(dim=1)
 
-    def _forward(self, latents: Tensor, sigma: Tensor, embeds: Tensor, pooled: Tensor) -> Tensor:
+    def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
         dtype = self.denoiser_dtype
         with self._autocast():
-            out = self.denoiser(latents.to(dtype), self.timesteps(sigma), encoder_hidden_states=embeds.to(dtype),
+            out = self.denoiser(latents.to(dtype), self.timesteps(sigma), encoder_hidden_states=cond.embeds.to(dtype),
                                 return_dict=False)[0]
         return out.float()
 

@@ -15,7 +15,7 @@ from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import c
 from torch import Tensor
 from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
-from flowrl.policies.base import LoraOptions
+from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.hub import resolve_model
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.tiny import SD3_LORA_TARGETS
@@ -87,11 +87,11 @@ class SD3Policy(PipelinePolicy):
             do_classifier_free_guidance=False, max_sequence_length=self.max_sequence_length)
         return embeds, pooled
 
-    def _forward(self, latents: Tensor, sigma: Tensor, embeds: Tensor, pooled: Tensor) -> Tensor:
+    def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
         dtype = self.denoiser_dtype
         with self._autocast():
-            out = self.denoiser(hidden_states=latents.to(dtype), encoder_hidden_states=embeds.to(dtype),
-                                pooled_projections=pooled.to(dtype),
+            out = self.denoiser(hidden_states=latents.to(dtype), encoder_hidden_states=cond.embeds.to(dtype),
+                                pooled_projections=cond.pooled.to(dtype),
                                 timestep=sigma * self.scheduler.config.num_train_timesteps, return_dict=False)[0]
         return out.float()
 

@@ -55,9 +55,9 @@ class TinyFlowPolicy(FlowPolicy):
         n = len(prompts)
         return Conditioning(embeds, pooled, null_embeds.expand(n, -1, -1), null_pooled.expand(n, -1))
 
-    def _forward(self, latents: Tensor, sigma: Tensor, embeds: Tensor, pooled: Tensor) -> Tensor:
+    def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
         timestep = sigma * self.scheduler.config.num_train_timesteps
-        return self.denoiser(hidden_states=latents, encoder_hidden_states=embeds, pooled_projections=pooled,
+        return self.denoiser(hidden_states=latents, encoder_hidden_states=cond.embeds, pooled_projections=cond.pooled,
                              timestep=timestep, return_dict=False)[0]
 
     def decode(self, latents: Tensor) -> Tensor:

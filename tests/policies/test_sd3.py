@@ -56,7 +56,7 @@ def test_velocity_cfg_latents_sigmas_and_decode(sd3_dir):
     z, sigma = torch.randn(3, 4, 16, 16), torch.tensor([0.9, 0.5, 0.2])
     with torch.no_grad():
         v_c = policy.velocity(z, sigma, cond, 1.0)
-        v_u = policy._forward(z, sigma, cond.null_embeds, cond.null_pooled)
+        v_u = policy._forward(z, sigma, cond.unconditional())
         torch.testing.assert_close(policy.velocity(z, sigma, cond, 4.5), v_u + 4.5 * (v_c - v_u))
         images = policy.decode(z)
         whole = sd3(sd3_dir).decode(z)  # one chunk
