@@ -195,19 +195,25 @@ class BaseModule(LightningModule):
             cond = cond.select(cond_rows)
         return lambda z, sigma: self.policy.velocity(z, sigma, cond, self.guidance_scale)
 
+    def encode(self, batch: dict) -> Conditioning:
+        """The policy's conditioning of a batch's ``prompts`` and, where its prompt records carry them, ``images``."""
+        return self.policy.encode(batch["prompts"], images=batch.get("images"))
+
     @torch.no_grad()
-    def generate(self, prompts: list[str], seeds: Tensor, num_steps: Optional[int] = None) -> Tensor:
-        """Images ``[B, 3, H, W]`` from the deterministic ODE sampler (no noise after the seeded start)."""
-        cond = self.policy.encode(prompts)
+    def generate(self, prompts: list[str], seeds: Tensor, num_steps: Optional[int] = None,
+                 images: Optional[list] = None) -> Tensor:
+        """Images ``[B, 3, H, W]`` from the deterministic ODE sampler (no noise after the seeded start); ``images``:
+        the prompts' conditioning images, for an editing or image-to-video policy."""
+        cond = self.encode({"prompts": prompts, "images": images})
         sigmas = self.policy.sigmas(num_steps or self.eval_num_steps).to(self.device)
         ode = ODE_STEPS[self.policy.prediction]
         latents, _ = sample(self.velocity_fn(cond), seeds, sigmas, self.policy.latent_shape(), ode, device=self.device)
         return self.policy.decode(latents[:, -1])
 
-    def _tally(self, prompts: list[str], seeds: Tensor) -> dict[str, Tensor]:
-        """The reward set's tally of the ODE samples of ``prompts`` from ``seeds``."""
-        images = self.generate(prompts, seeds.to(self.device))
-        return self.reward_set.tally(self.reward_set.score(images, prompts))
+    def _tally(self, batch: dict) -> dict[str, Tensor]:
+        """The reward set's tally of the ODE samples of a batch's ``prompts`` from its ``seeds``."""
+        images = self.generate(batch["prompts"], batch["seeds"].to(self.device), images=batch.get("images"))
+        return self.reward_set.tally(self.reward_set.score(images, batch["prompts"], reward_metadata(batch)))
 
     def _reduced_means(self, tallies: list[dict[str, Tensor]]) -> dict[str, float]:
         """Means of the tallies summed over batches and then over ranks (one collective, the same on every rank even
@@ -224,7 +230,7 @@ class BaseModule(LightningModule):
         self._val_tallies: list[dict[str, Tensor]] = []
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._val_tallies.append(self._tally(batch["prompts"], batch["seeds"]))
+        self._val_tallies.append(self._tally(batch))
 
     def on_validation_epoch_end(self) -> None:
         # already reduced over ranks; non-finite scores are left out of the means and counted, never scored as 0
@@ -238,7 +244,7 @@ class BaseModule(LightningModule):
         """
         was_training = self.policy.training
         self.policy.eval()
-        tallies = [self._tally(batch["prompts"], batch["seeds"]) for batch in batches]
+        tallies = [self._tally(batch) for batch in batches]
         self.policy.train(was_training)
         return self._reduced_means(tallies)
 
@@ -252,12 +258,18 @@ class BaseModule(LightningModule):
             the batch's keys, plus ``images`` ``[B, 3, H, W]`` in [0, 1] on the CPU and ``rewards`` ``{name: [B]}``
             (raw scores, NaN where a reward cannot read the prompt; empty without reward callbacks).
         """
-        images = self.generate(batch["prompts"], batch["seeds"].to(self.device))
+        images = self.generate(batch["prompts"], batch["seeds"].to(self.device), images=batch.get("images"))
         scores = {}
         for reward in self.reward_set.callbacks:
             try:
-                scores[reward.name] = reward.score(images, batch["prompts"]).detach().float().cpu()
+                scores[reward.name] = reward.score(images, batch["prompts"], reward_metadata(batch)).detach().float().cpu()
             except (ValueError, TypeError) as err:  # a prompt this reward cannot read: the images are still wanted
                 rank_zero_warn(f"reward {reward.name!r} cannot score these prompts, its scores are NaN: {err}")
                 scores[reward.name] = torch.full((len(batch["prompts"]),), torch.nan)
         return {**batch, "images": images.float().cpu(), "rewards": scores}
+
+
+def reward_metadata(batch: dict) -> dict:
+    """What a reward sees besides the images and prompts: the rows' ``group_ids`` and ``seeds`` where the batch has
+    them, and each prompt's conditioning ``images`` (an edit's source, a video's first frame) where it has them."""
+    return {key: batch[key] for key in ("group_ids", "seeds", "images") if key in batch}

@@ -99,7 +99,7 @@ class DiffusionNFT(BaseModule):
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         self.policy.eval()  # no dropout: sampling and training see the same network
         with torch.no_grad():
-            cond = self.policy.encode(batch["prompts"])
+            cond = self.encode(batch)
         with self.policy.adapter("old"):
             rollout = sample_and_score(self, batch, self.velocity_fn(cond), self.num_steps, self.step_kind,
                                        self.noise_level, self.advantage, self.advantage_options)

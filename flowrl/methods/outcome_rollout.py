@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from flowrl import advantages as adv_lib
+from flowrl.methods.base import reward_metadata
 from flowrl.policies.base import Conditioning
 from flowrl.sampling.sampler import VelocityFn, sample, sde_steps
 
@@ -62,7 +63,7 @@ def sample_and_score(host, batch: dict, velocity: VelocityFn, num_steps: int, st
     latents, _ = sample(velocity, batch["seeds"], sigmas, host.policy.latent_shape(), step_kind, noise_level,
                         sde_steps(num_steps, step_kind), host.device)
     images = host.policy.decode(latents[:, -1])
-    scores = host.reward_set.score(images, batch["prompts"], {"group_ids": batch["group_ids"], "seeds": batch["seeds"]})
+    scores = host.reward_set.score(images, batch["prompts"], reward_metadata(batch))
     sampling_s = time.perf_counter() - started
     sizes = host.rank_sizes(len(batch["seeds"]))
     rows = host.rank_rows(sizes)

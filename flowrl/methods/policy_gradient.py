@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from flowrl import advantages as adv_lib
-from flowrl.methods.base import BaseModule
+from flowrl.methods.base import BaseModule, reward_metadata
 from flowrl.methods.completions import Completions
 from flowrl.methods.options import policy_gradient_problems, resolved_loss_options
 from flowrl.methods.ppo_update import PPOUpdate
@@ -186,7 +186,7 @@ class PolicyGradient(BaseModule):
         started = time.perf_counter()
         self.policy.eval()  # no dropout: sampling and training must see the same network
         with torch.no_grad():
-            cond = self.policy.encode(batch["prompts"])
+            cond = self.encode(batch)
             rollout = self.rollout_and_score(batch, cond)
         sampling_s = time.perf_counter() - started
         sizes = self.rank_sizes(rollout.batch_size)
@@ -231,8 +231,10 @@ class PolicyGradient(BaseModule):
             chunk["cond_rows"] = torch.arange(rows.start, rows.stop, device=self.device)
             part = self.rollout(chunk, cond)
             part.images = self.policy.decode(part.final())
-            pending.append(self.reward_set.submit(part.images, part.prompts,
-                                                  {"group_ids": part.group_ids, "seeds": part.seeds}))
+            rows_batch = {"group_ids": part.group_ids, "seeds": part.seeds}  # per rollout row (a tree: per leaf)
+            if "images" in batch:  # each row's prompt's images, through the row's conditioning row
+                rows_batch["images"] = [batch["images"][i] for i in part.cond_rows.tolist()]
+            pending.append(self.reward_set.submit(part.images, part.prompts, reward_metadata(rows_batch)))
             parts.append(part)
         rollout = Rollout.cat(parts) if len(parts) > 1 else parts[0]
         rollout.rewards = self.reward_set.collect(pending)

@@ -156,7 +156,7 @@ class TDMR1(BaseModule):
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         self.policy.eval()  # no dropout: sampling and training see the same network
         with torch.no_grad():
-            cond = self.policy.encode(batch["prompts"])
+            cond = self.encode(batch)
         rollout = sample_and_score(self, batch, self.velocity_fn(cond), self.num_steps,
                                    ODE_STEPS[self.policy.prediction], advantage=self.advantage,
                                    advantage_options=self.advantage_options)

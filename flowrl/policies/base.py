@@ -260,8 +260,25 @@ class FlowPolicy(nn.Module):
         """One evaluation of the denoiser for the rows of one side of ``cond`` (no guidance)."""
         raise NotImplementedError
 
-    def encode(self, prompts: list[str]) -> Conditioning:
+    #: Conditioning images each prompt takes (0: text only; an editing or image-to-video family: its count, or -1
+    #: for any number of at least one); the data module and the config checks read it before any weight loads.
+    conditioning_images: int = 0
+
+    def encode(self, prompts: list[str], images: Optional[list[list[Tensor]]] = None) -> Conditioning:
+        """The conditioning of ``prompts``: per prompt, its encoding and (editing, image-to-video) its ``images``, a
+        list of ``[3, H, W]`` tensors in ``[0, 1]`` per prompt (None for a text-only family)."""
         raise NotImplementedError
+
+    def check_images(self, images: Optional[list[list[Tensor]]]) -> None:
+        """Refuse conditioning images a family does not take (a text-only policy given them, or none given to an
+        editing one)."""
+        name = type(self).__name__
+        if images is not None and not self.conditioning_images:
+            raise ValueError(f"{name} is text-to-image and takes no conditioning images; use an editing or "
+                             "image-to-video policy for prompt records with images")
+        if images is None and self.conditioning_images:
+            raise ValueError(f"{name} conditions on source images: give prompt records with images (a .jsonl file "
+                             "with an \"images\" list per prompt)")
 
     def decode(self, latents: Tensor) -> Tensor:
         raise NotImplementedError

@@ -75,8 +75,9 @@ class FluxPolicy(PipelinePolicy):
                                                           max_sequence_length=self.max_sequence_length)
         return embeds, pooled
 
-    def encode(self, prompts: list[str]) -> Conditioning:
+    def encode(self, prompts: list[str], images: Optional[list[list[Tensor]]] = None) -> Conditioning:
         """The prompts only: guidance is embedded, there is no unconditional branch."""
+        self.check_images(images)
         embeds, pooled = self._encoded(list(prompts))
         return Conditioning(embeds, pooled)
 

@@ -139,8 +139,9 @@ class PipelinePolicy(FlowPolicy):
         return (torch.stack([found[p][0] for p in prompts]).to(device),
                 torch.stack([found[p][1] for p in prompts]).to(device))
 
-    def encode(self, prompts: list[str]) -> Conditioning:
+    def encode(self, prompts: list[str], images: Optional[list[list[Tensor]]] = None) -> Conditioning:
         """The prompts and, for classifier-free guidance, the empty prompt (diffusers' default negative prompt)."""
+        self.check_images(images)
         embeds, pooled = self._encoded(list(prompts))
         null_embeds, null_pooled = self._encoded([""] * len(prompts))
         return Conditioning(embeds, pooled, null_embeds, null_pooled)

@@ -49,7 +49,8 @@ class TinyFlowPolicy(FlowPolicy):
         out = self.text_encoder(input_ids=tokens.input_ids)
         return out.last_hidden_state, out.text_embeds
 
-    def encode(self, prompts: list[str]) -> Conditioning:
+    def encode(self, prompts: list[str], images: Optional[list[list[Tensor]]] = None) -> Conditioning:
+        self.check_images(images)
         embeds, pooled = self._encode_text(list(prompts))
         null_embeds, null_pooled = self._encode_text([""])
         n = len(prompts)
