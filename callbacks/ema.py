@@ -13,7 +13,7 @@ number of EMA updates; diffusers' ``EMAModel`` has the same ``(1 + n) / (10 + n)
 
 Under FSDP2 (``--trainer.strategy=fsdp2``) the trained weights are DTensor shards, and so is the average: each rank
 averages and swaps in its own shard with no communication (memory per rank: its shard), the sharded checkpoint keeps
-every rank's shard (``flowrl.methods.fsdp2_strategy``), and ``python -m flowrl export --ema`` gathers them whole.
+every rank's shard (``flowrl.strategies.fsdp2``), and ``python -m flowrl export --ema`` gathers them whole.
 """
 
 from __future__ import annotations

@@ -70,6 +70,30 @@ def train_behaviour_in_eval(module) -> list[str]:
     return out
 
 
+def batch_line(prompts: int, group_size: int, method, trainer) -> str:
+    """What one batch is and costs: prompts x samples, the rollouts (trajectories or trees of leaves) they come from,
+    the processes, the sampling steps and the model evaluations (the method's ``rollout_cost``).
+
+    >>> from types import SimpleNamespace as N
+    >>> method = N(options=N(), num_steps=10, rollout_cost=lambda o: (16, 111))
+    >>> trainer = N(world_size=1, strategy=N(root_device=N(type="cpu")))
+    >>> batch_line(4, 16, method, trainer)
+    '4 prompts x 16 samples = 64 per batch (4 trees of 16 leaves) on 1 process (cpu); 10 sampling steps, 444 model evaluations per batch'
+    """
+    processes = f"{trainer.world_size} process{'es' if trainer.world_size > 1 else ''}"
+    line = f"{prompts} prompts x {group_size} samples = {prompts * group_size} per batch"
+    cost = method.rollout_cost(method.options) if hasattr(method, "rollout_cost") else None
+    if cost is not None and cost[0] > 1:  # rows are trees: say how many and how large
+        line += f" ({prompts * group_size // cost[0]} trees of {cost[0]} leaves)"
+    line += f" on {processes} ({trainer.strategy.root_device.type})"
+    steps = getattr(method, "num_steps", None)
+    if steps:
+        line += f"; {steps} sampling steps"
+    if cost is not None:
+        line += f", {prompts * group_size // cost[0] * cost[1]:,} model evaluations per batch"
+    return line
+
+
 class RunHeader(Callback):
     """Prints the run's header at the start of ``fit`` (global rank zero); ``self.lines`` keeps it."""
 
@@ -121,10 +145,7 @@ class RunHeader(Callback):
         lines = []
         steps = getattr(pl_module, "num_steps", None)
         if data is not None and hasattr(data, "num_groups") and hasattr(data, "group_size"):
-            processes = f"{trainer.world_size} process{'es' if trainer.world_size > 1 else ''}"
-            lines.append(f"  batch:       {data.num_groups} prompts x {data.group_size} samples = "
-                         f"{data.num_groups * data.group_size} per batch on {processes} "
-                         f"({trainer.strategy.root_device.type})" + (f", {steps} sampling steps each" if steps else ""))
+            lines.append("  batch:       " + batch_line(data.num_groups, data.group_size, pl_module, trainer))
         length = f"{trainer.max_steps} optimizer steps" if trainer.max_steps > 0 else "until stopped"
         val = getattr(data, "val_prompts", None)
         if val:

@@ -1,9 +1,11 @@
 """Prompt data and the group sampler that spreads GRPO groups over ranks.
 
-Each training batch holds ``num_groups`` prompts, each repeated ``group_size`` times across the *global* batch.
-Group ids are global integers from the sampler (``batch counter * num_groups + g``), never hashes of prompt text,
-and every sample carries its own seed. A batch is a pure function of ``(seed, epoch, index, rank, world_size)``,
-which is what makes resuming exact.
+Each training batch holds ``num_groups`` prompts with ``group_size`` samples each across the *global* batch: the
+images the reward scores per prompt, for every method. A batch row is a rollout, one seed: a trajectory (one sample)
+or a tree (its leaves are the samples), so a prompt gets ``group_size / samples_per_rollout`` rows. Group ids are
+global integers from the sampler (``batch counter * num_groups + g``), never hashes of prompt text, and every row
+carries its own seed. A batch is a pure function of ``(seed, epoch, index, rank, world_size)``, which is what makes
+resuming exact.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ def load_prompts(source: Union[str, list[str]]) -> list[str]:
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """Batch geometry: ``num_groups`` prompts x ``group_size`` samples per global batch over ``world_size`` ranks.
-    ``spread``: shuffle the global batch before splitting it over ranks (as Flow-GRPO), else whole groups stay on
-    one rank."""
+    """Batch geometry: ``num_groups`` prompts x ``group_size`` samples per global batch over ``world_size`` ranks,
+    in rollouts of ``samples_per_rollout`` samples (1: trajectories; a tree's leaves). ``spread``: shuffle the global
+    batch's rollouts before splitting them over ranks (as Flow-GRPO), else whole groups stay on one rank."""
 
     num_prompts: int
     num_groups: int
@@ -51,24 +53,40 @@ class GroupLayout:
     world_size: int = 1
     spread: bool = True
     seed: int = 0
+    samples_per_rollout: int = 1
 
-    def problems(self, min_group_size: int = 2) -> list[str]:
-        """Problems with the geometry; ``min_group_size`` is the method's (1 where a method grows one tree per
-        prompt, whose leaves form the group)."""
+    def problems(self, min_group_size: int = 2, method: str = "the method") -> list[str]:
+        """Problems with the geometry, each naming the fix; ``min_group_size`` is the method's.
+
+        >>> GroupLayout(10, 4, 8, samples_per_rollout=16).problems(1, "TreeRPO")  # doctest: +ELLIPSIS
+        ['data.group_size=8 is not a multiple of the 16 samples one TreeRPO rollout scores ...']
+        """
         out = []
+        per = self.samples_per_rollout
         if self.group_size < min_group_size:
             out.append(f"data.group_size={self.group_size}: group advantages need at least {min_group_size} samples "
                        "per prompt")
+        if self.group_size % per:
+            fits = ", ".join(str(per * k) for k in range(1, 4))
+            out.append(f"data.group_size={self.group_size} is not a multiple of the {per} samples one {method} "
+                       f"rollout scores (the leaves of its tree): data.group_size counts samples per prompt for every "
+                       f"method; use {fits}, ... (1, 2, 3 trees per prompt), or a smaller tree")
+            return out
         if self.num_groups < 1:
             out.append(f"data.num_groups={self.num_groups}: need at least one prompt per batch")
-        total = self.num_groups * self.group_size
+        total = self.num_groups * self.rollouts_per_group
         if self.spread and total % self.world_size:
-            out.append(f"num_groups*group_size={total} is not divisible by the {self.world_size} ranks; "
-                       "change data.num_groups or data.group_size")
+            out.append(f"the batch's {total} rollouts (data.num_groups x data.group_size / {per}) are not divisible "
+                       f"by the {self.world_size} ranks; change data.num_groups or data.group_size")
         if not self.spread and self.num_groups % self.world_size:
             out.append(f"data.num_groups={self.num_groups} is not divisible by the {self.world_size} ranks "
                        "(data.spread_groups=false keeps whole groups on a rank)")
         return out
+
+    @property
+    def rollouts_per_group(self) -> int:
+        """Rollouts (seeds) per prompt: trajectories, or trees."""
+        return self.group_size // self.samples_per_rollout
 
     @property
     def batches_per_epoch(self) -> int:
@@ -76,7 +94,8 @@ class GroupLayout:
 
     @property
     def local_batch_size(self) -> int:
-        return self.num_groups * self.group_size // self.world_size
+        """Rollouts (batch rows) per rank."""
+        return self.num_groups * self.rollouts_per_group // self.world_size
 
 
 def group_batch(layout: GroupLayout, epoch: int, index: int, rank: int) -> dict[str, torch.Tensor]:
@@ -93,8 +112,9 @@ def group_batch(layout: GroupLayout, epoch: int, index: int, rank: int) -> dict[
     order = torch.randperm(layout.num_prompts, generator=gen)
     counter = epoch * layout.batches_per_epoch + index
     picks = torch.arange(index * layout.num_groups, (index + 1) * layout.num_groups) % layout.num_prompts
-    prompt_ids = order[picks].repeat_interleave(layout.group_size)  # [G * n]
-    group_ids = (counter * layout.num_groups + torch.arange(layout.num_groups)).repeat_interleave(layout.group_size)
+    per = layout.rollouts_per_group
+    prompt_ids = order[picks].repeat_interleave(per)  # [G * n]
+    group_ids = (counter * layout.num_groups + torch.arange(layout.num_groups)).repeat_interleave(per)
     total = prompt_ids.numel()
     seeds = layout.seed * 1_000_003 + 7_919 * (counter * total + torch.arange(total))
     if layout.spread:
@@ -239,10 +259,11 @@ class PromptDataModule(LightningDataModule):
         self.prompts = load_prompts(self.prompt_source)
         self.val_prompts = load_prompts(self.val_source) if self.val_source is not None else []
         world = self.trainer.world_size if self.trainer else 1
-        self.layout = GroupLayout(len(self.prompts), self.num_groups, self.group_size, world,
-                                  self.spread_groups, self.seed)
         method = self.trainer.lightning_module if self.trainer else None
-        if problems := self.layout.problems(getattr(method, "min_group_size", 2)):  # the method's group floor
+        per = method.rollout_cost(method.options)[0] if hasattr(method, "rollout_cost") else 1  # a tree's leaves
+        self.layout = GroupLayout(len(self.prompts), self.num_groups, self.group_size, world,
+                                  self.spread_groups, self.seed, per)
+        if problems := self.layout.problems(getattr(method, "min_group_size", 2), type(method).__name__):
             raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
 
     def train_dataloader(self) -> GroupBatchLoader:

@@ -13,7 +13,7 @@ from typing import Literal, Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 from flowrl.rewards.base import ModelReward
 from flowrl.rewards.clip_preprocess import ClipPreprocess
 

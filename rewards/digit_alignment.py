@@ -12,7 +12,7 @@ from typing import Optional
 from torch import Tensor
 
 from flowrl.digit_canvas import CANVAS_SIZE, parse_prompt
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 from flowrl.rewards.base import ModelReward
 
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 from flowrl.rewards.clip_reward import ClipReward
 from flowrl.rewards.hub_file import check_file, fetch_file
 

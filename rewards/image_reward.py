@@ -14,7 +14,7 @@ from typing import Optional
 from torch import Tensor
 from transformers import AutoTokenizer
 
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 from flowrl.rewards.base import ModelReward
 from flowrl.rewards.image_reward_checkpoint import (DEFAULT_TOKENIZER, PUBLISHED_FILE, PUBLISHED_REPO,
                                                     check_vocabulary, load_published)

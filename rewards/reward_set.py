@@ -75,3 +75,14 @@ class RewardSet:
     def tally_keys(self) -> list[str]:
         """The keys of :meth:`tally`, in a fixed order (the same on every rank)."""
         return [f"{name}{suffix}" for name in [*self.names, "total"] for suffix in ("", "/count", "/nonfinite")]
+
+
+def batch_metadata(batch: dict) -> dict[str, Any]:
+    """What a reward sees of a batch besides its images and prompts: the rows' ``group_ids`` and ``seeds`` where the
+    batch has them, and each row's prompt's conditioning ``images`` (an edit's source, a video's first frame) where
+    its prompt records carry them.
+
+    >>> batch_metadata({"prompts": ["a"], "seeds": torch.tensor([3]), "rows": 0})
+    {'seeds': tensor([3])}
+    """
+    return {key: batch[key] for key in ("group_ids", "seeds", "images") if key in batch}

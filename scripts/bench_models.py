@@ -206,7 +206,7 @@ def measure(name: str, root: Path, batch: int, steps: int, micro_batch: int, rep
 
     def flowrl_train():
         for chunk in pairs.split(micro_batch):
-            loss, _ = method.ppo.pair_loss(method, rollout, cond, advantages, weights, chunk)
+            loss, _ = method.pair_loss(rollout, cond, advantages, weights, chunk)
             loss.backward()
         for p in params:
             p.grad = None

@@ -85,7 +85,7 @@ def main() -> None:
 
     def flowrl_train():
         for chunk in pairs.split(args.micro_batch):
-            loss, _ = method.ppo.pair_loss(method, rollout, cond, advantages, weights, chunk)
+            loss, _ = method.pair_loss(rollout, cond, advantages, weights, chunk)
             loss.backward()
         for p in params:
             p.grad = None

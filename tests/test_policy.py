@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from flowrl.policies import Conditioning, LoraOptions, TinyFlowPolicy
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 
 
 def test_loads_from_a_folder_and_runs_cfg(tiny_model_dir):

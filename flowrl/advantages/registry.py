@@ -57,7 +57,8 @@ _VALID: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 _REGISTRY: dict[str, Estimator] = {}
 
-# name@peer -> (estimator, options that reproduce the peer). Sources are in the README table.
+# name@peer -> (estimator, options that reproduce the peer or the method). Sources: docs/estimators-and-losses.md and
+# the method pages; a method names its preset as the default of its ``advantage`` option.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo@verl": ("grpo", dict(eps=1e-6, ddof=1, std_scope="group", singleton="raw", clip=None)),
     "grpo@trl": ("grpo", dict(eps=1e-4, ddof=1, std_scope="group", singleton="zero", clip=None)),
@@ -66,6 +67,13 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "dr_grpo@trl": ("dr_grpo", dict(singleton="zero")),
     "rloo@verl": ("rloo", dict(singleton="raw")),
     "rloo@trl": ("rloo", dict(singleton="zero")),
+    # Flow-GRPO's numerics (population std, +1e-4, clip 5) per (group, step): DenseGRPO Eq. 10, TP-GRPO's and
+    # TempFlow-GRPO's per-prompt / per-seed stat trackers
+    "step_grpo@flow_grpo": ("step_grpo", dict(eps=1e-4, ddof=0, std_scope="group", clip=5.0)),
+    # Dynamic-TreeRPO (no public code; flowrl's reading): node values normalised among their depth, Flow-GRPO's numerics
+    "tree@tree_rpo": ("tree", dict(among="depth", eps=1e-4, ddof=0, clip=5.0)),
+    # BranchGRPO fastvideo/train_branchgrpo_flux.py compute_hierarchical_advantages_by_depth: unbiased std, +1e-8
+    "tree@branch_grpo": ("tree", dict(among="depth", value="mean", eps=1e-8, ddof=1)),
 }
 
 

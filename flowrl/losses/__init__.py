@@ -10,14 +10,15 @@ from flowrl.losses.entropy import entropy_from_logits
 from flowrl.losses.kl import KL_ESTIMATORS, gaussian_mean_kl, kl
 from flowrl.losses.nft import ADVANTAGE_MODES, nft_loss, old_decay, optimality_probability
 from flowrl.losses.policy import (available_policy_losses, check_policy_loss, cispo, gpg, gspo, is_sequence_level,
-                                  policy_loss, policy_loss_options, register_policy_loss, sapo, vanilla)
+                                  policy_loss, policy_loss_options, register_policy_loss, resolve_policy_loss, sapo,
+                                  vanilla)
 from flowrl.losses.tdm import (fake_score_loss, frozen_rows, generator_loss, group_logits, group_preference_loss,
                                renoise, renoise_sigma, surrogate_target)
 
 __all__ = [
     "AGGREGATIONS", "KL_ESTIMATORS", "aggregate", "available_policy_losses", "check_policy_loss", "cispo",
     "entropy_from_logits", "gaussian_mean_kl", "gpg", "gspo", "is_sequence_level", "kl", "policy_loss",
-    "policy_loss_options", "register_policy_loss", "sapo", "vanilla",
+    "policy_loss_options", "register_policy_loss", "resolve_policy_loss", "sapo", "vanilla",
     # likelihood-free methods: DiffusionNFT (nft) and TDM-R1 (tdm)
     "ADVANTAGE_MODES", "nft_loss", "old_decay", "optimality_probability",
     "fake_score_loss", "frozen_rows", "generator_loss", "group_logits", "group_preference_loss", "renoise",

@@ -36,6 +36,14 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "clip_eta": (lambda v: v is None or v >= 0, "null (off) or a number >= 0"),
     "clip_bounds": (lambda v: v is None or (len(v) == 2 and 0 <= v[0] <= v[1]),
                     "null or [low, high] with 0 <= low <= high"),
+    "clip_bounds_scale": (lambda v: v is None or (len(v) == 2 and 0 <= v[0] <= v[1]),
+                          "null or [low, high] multiples of the clip range with 0 <= low <= high"),
+}
+#: name@method -> (loss, options): a method's published (or read) clip settings by name; a method names its preset as
+#: the default of its ``loss`` option, and a config's ``loss_options`` override single options.
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Dynamic-TreeRPO Eq. 11 as its reviews describe it: eps(A) = clamp(eps (1 + |A|), eps / 2, 3 eps) [reading]
+    "vanilla@tree_rpo": ("vanilla", {"clip_eta": 1.0, "clip_bounds_scale": (0.5, 3.0)}),
 }
 _MAX_LOG_RATIO = 20.0  # as verl: keeps exp finite on stale samples
 
@@ -56,8 +64,20 @@ def register_policy_loss(name: str, sequence_level: bool = False) -> Callable[[P
 
 
 def available_policy_losses() -> list[str]:
-    """Every name :func:`policy_loss` accepts."""
-    return sorted(_LOSSES)
+    """Every loss and preset name :func:`resolve_policy_loss` accepts."""
+    return sorted([*_LOSSES, *PRESETS])
+
+
+def resolve_policy_loss(name: str, **options: Any) -> tuple[str, dict[str, Any]]:
+    """The loss behind ``name`` and its options: a preset's, overridden by ``options``; checked (no tensors needed).
+
+    >>> resolve_policy_loss("vanilla@tree_rpo", clip_low=1e-4)
+    ('vanilla', {'clip_eta': 1.0, 'clip_bounds_scale': (0.5, 3.0), 'clip_low': 0.0001})
+    """
+    base, preset = PRESETS.get(name, (name, {}))
+    merged = {**preset, **options}
+    check_policy_loss(base, **merged)
+    return base, merged
 
 
 def _get(name: str) -> PolicyLoss:
@@ -189,7 +209,8 @@ def _clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float,
 @register_policy_loss("vanilla")
 def vanilla(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float = 0.2,
             clip_high: Optional[float] = None, dual_clip: Optional[float] = None, clip_eta: Optional[float] = None,
-            clip_bounds: Optional[tuple[float, float]] = None) -> tuple[Tensor, dict[str, Tensor]]:
+            clip_bounds: Optional[tuple[float, float]] = None,
+            clip_bounds_scale: Optional[tuple[float, float]] = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clip (arXiv 1707.06347): ``max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``, then for ``A < 0`` and
     ``dual_clip = c``: ``min(that, -A c)`` (dual-clip PPO, arXiv 1912.09729). ``clip_high > clip_low`` is DAPO's
     clip-higher (arXiv 2503.14476, 0.28 vs 0.2). verl ``compute_policy_loss_vanilla`` always applies the dual clip
@@ -198,7 +219,9 @@ def vanilla(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Te
 
     ``clip_eta = eta`` makes the clip reward-conditioned (Dynamic-TreeRPO, arXiv 2509.23352, Eq. 11, as its
     reviews describe it; no public code): each position's range is ``clamp(eps (1 + eta |A|), *clip_bounds)`` with
-    ``eps`` its ``clip_low`` / ``clip_high``, so a large advantage may move its ratio further.
+    ``eps`` its ``clip_low`` / ``clip_high``, so a large advantage may move its ratio further; ``clip_bounds_scale``
+    gives the bounds as multiples of each ``eps`` instead (``(0.5, 3)``: ``[eps / 2, 3 eps]``, the same for any clip
+    range).
 
     >>> loss, m = vanilla(torch.tensor([[0.5]]).log1p(), torch.zeros(1, 1), torch.full((1, 1), 2.0),
     ...                   torch.ones(1, 1, dtype=torch.bool), clip_low=0.1, clip_eta=1.0, clip_bounds=(0.0, 0.25))
@@ -213,8 +236,9 @@ def vanilla(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Te
     log_ratio, ratio = _ratio(log_prob, old_log_prob)
     if clip_eta is not None:
         factor = 1.0 + clip_eta * advantages.detach().abs()
-        low_bound, high_bound = clip_bounds or (0.0, float("inf"))
-        clip_low, clip_high = ((eps * factor).clamp(low_bound, high_bound)
+        bounds = lambda eps: ((eps * clip_bounds_scale[0], eps * clip_bounds_scale[1]) if clip_bounds_scale  # noqa: E731
+                              else clip_bounds or (0.0, float("inf")))
+        clip_low, clip_high = ((eps * factor).clamp(*bounds(eps))
                                for eps in (clip_low, clip_low if clip_high is None else clip_high))
     loss, high, low = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
     dual = None

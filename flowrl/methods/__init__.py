@@ -1,27 +1,30 @@
-"""Methods: one LightningModule per algorithm, each a few hooks on a shared layer.
+"""Methods: one LightningModule per algorithm, each a few hooks on one loop.
 
 The layers, from the bottom:
 
-- :class:`~flowrl.methods.base.BaseModule`: the policy, the reward set (every reward callback on the trainer, their
-  weights, scoring and totals), generation and evaluation (reduced over ranks), gathers of per-rank rows of any
-  size, and the checked optimizer step (a NaN or inf loss or gradient skips it on every rank). Likelihood-free
-  methods (TDM-R1, DiffusionNFT) subclass it and write their own ``training_step``.
-- :class:`~flowrl.methods.policy_gradient.PolicyGradient`: rollout -> rewards -> hooks on the batch gathered from
-  every rank (step rewards, advantages, loss weights; computed once, scattered once) -> the
-  :class:`~flowrl.methods.ppo_update.PPOUpdate` component (minibatches drawn over every rank, micro-batches with
+- :class:`~flowrl.methods.generation.Generation`: conditioning, the guided velocity, deterministic samples from seeds,
+  validation, evaluation and prediction reduced over ranks.
+- :class:`~flowrl.methods.base.BaseModule`: the one training loop, for every method: rollout (sampled and scored in
+  chunks) -> the batch gathered from every rank (:class:`~flowrl.methods.batch.Batch`) -> aggregated rewards ->
+  hooks on it (step rewards, advantages, loss weights, supervised weights; computed once, the same on every rank)
+  -> the method's ``update`` -> the same core metrics for every method. The options every method has are declared
+  here, and every option is checked before any ``__init__`` runs (:mod:`~flowrl.methods.option_surface`).
+- :class:`~flowrl.methods.policy_gradient.PolicyGradient`: SDE rollouts, credit on the stochastic steps, and the
+  PPO update (:class:`~flowrl.training.ppo_update.PPOUpdate`: minibatches drawn over every rank, micro-batches with
   one gradient sync each, clipping through the strategy, ratio check, log-prob recomputation, KL).
-- Algorithms: :class:`FlowGRPO` (trained-step fraction), :class:`DenseGRPO` (ODE completions of every state,
-  calibrated noise) and :class:`TPGRPO` (an SDE window, turning points), the last two sharing the
-  :class:`~flowrl.methods.completions.Completions` component. Branch and tree methods override ``rollout`` to
-  fill ``node_ids`` (:mod:`flowrl.sampling.rollout`); edges shared by several leaves are trained once.
+- Algorithms, hooks only: :class:`FlowGRPO` (trained-step fraction), :class:`DenseGRPO` (ODE completions of every
+  state, calibrated noise) and :class:`TPGRPO` (an SDE window, turning points), the last two sharing the
+  :class:`~flowrl.sampling.completions.Completions` component; the tree methods :class:`TempFlowGRPO`,
+  :class:`TreeRPO` and :class:`BranchGRPO` on :class:`TreeMethod` (one tree per batch row, rows are leaves, every
+  edge trained once); :class:`TDMR1` and :class:`DiffusionNFT`, which override only ``update`` (named adapters).
 
-Data flow of one training step (``PolicyGradient.training_step``)::
+Data flow of one training step (``BaseModule.training_step``)::
 
-    prompts --policy.encode--> cond --rollout (sample_from, per-row cond_rows)--> Rollout (this rank's rows)
+    batch --encode--> cond --rollout (sample_from / sample_trees, per-row cond_rows)--> Rollout (this rank's rows)
       --reward set (submit per sampling chunk)--> rewards {name: [B]}
-      --gather over ranks--> view: rewards, groups, masks, node ids, completion rewards   [B_all, ...]
-      --aggregate, step_rewards, advantages, loss_weights, supervised_weights (hooks, same on every rank)--> [B_all, T]
-      --this rank's rows--> PPOUpdate: minibatches of the gathered pairs, this rank's share, optimizer steps
+      --gather over ranks--> Batch: rewards, groups, masks, node ids, completion rewards   [B_all, ...]
+      --aggregate, step_rewards, advantages, loss_weights, supervised_weights (hooks)--> credit [B_all, T]
+      --update: this rank's rows--> metrics --log--> train/*, rollout/*
 """
 
 from flowrl.methods.base import BaseModule
@@ -29,7 +32,6 @@ from flowrl.methods.branch_grpo import BranchGRPO
 from flowrl.methods.dense_grpo import DenseGRPO
 from flowrl.methods.diffusion_nft import DiffusionNFT
 from flowrl.methods.flow_grpo import FlowGRPO
-from flowrl.methods.fsdp2_strategy import FSDP2Strategy
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.methods.tdm_r1 import TDMR1
 from flowrl.methods.tempflow_grpo import TempFlowGRPO
@@ -37,5 +39,5 @@ from flowrl.methods.tp_grpo import TPGRPO
 from flowrl.methods.tree_method import TreeMethod
 from flowrl.methods.tree_rpo import TreeRPO
 
-__all__ = ["BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FSDP2Strategy", "FlowGRPO", "PolicyGradient",
-           "TDMR1", "TPGRPO", "TempFlowGRPO", "TreeMethod", "TreeRPO"]
+__all__ = ["BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FlowGRPO", "PolicyGradient", "TDMR1", "TPGRPO",
+           "TempFlowGRPO", "TreeMethod", "TreeRPO"]

@@ -1,40 +1,52 @@
-"""The base of every method: a LightningModule that owns the policy, the reward set, generation and evaluation,
-the collectives across ranks and the optimizer steps, and nothing of any algorithm.
+"""The base of every method: the one training loop, its hooks, and the options every method has.
 
-Policy-gradient methods build on :class:`~flowrl.methods.policy_gradient.PolicyGradient`; a method that trains no
-log-prob ratio (TDM-R1, DiffusionNFT) subclasses this module directly and writes its own ``training_step``, so none
-of PPO's options appear in its ``--help``. ``python -m flowrl fit`` accepts any subclass.
+One training step, for every method (:meth:`BaseModule.training_step`)::
+
+    batch --encode--> cond --rollout (sampled and scored sample_chunk_size rows at a time)--> Rollout (this rank's)
+      --gather--> Batch (every rank's per-row fields) --aggregate--> total, valid
+      --hooks on the Batch: step_rewards, advantages, loss_weights, supervised_weights--> credit (same on every rank)
+      --update (the method's own)--> metrics --log--> the same core metrics for every method
+
+Policy-gradient methods (:class:`~flowrl.methods.policy_gradient.PolicyGradient`) update with PPO; TDM-R1 and
+DiffusionNFT override :meth:`~BaseModule.update` on named adapters and keep the rest. A hook takes the gathered
+:class:`~flowrl.methods.batch.Batch` and returns a tensor, or a tensor and diagnostics to log; hooks never
+communicate and never change state behind the loop. Every option is checked (:mod:`flowrl.methods.option_surface`)
+when this class's ``__init__`` starts, before any subclass has done more than call it, so a bad value fails naming
+its key however the method is built.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
-from typing import Optional
+import dataclasses
+import inspect
+import time
+from typing import Any, Optional
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.parsing import collect_init_args
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from flowrl.methods.deepspeed_steps import accumulating, deepspeed_engine, deepspeed_step
-from flowrl.methods.fsdp2_strategy import shard_for_strategy
-from flowrl.methods.options import base_option_problems
+from flowrl import advantages as adv_lib
+from flowrl.methods.batch import GATHERED, Batch, hook_value
+from flowrl.methods.generation import Generation
+from flowrl.methods.option_surface import at_least, checked_options, optimizer_problems
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
-from flowrl.rewards.aggregate import tally_means
-from flowrl.rewards.reward_set import RewardSet
-from flowrl.sampling.sampler import VelocityFn, sample
+from flowrl.rewards.aggregate import AGGREGATIONS
+from flowrl.rewards.reward_set import batch_metadata
+from flowrl.sampling.completions import Completions
+from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.sampler import sample, sde_steps
 from flowrl.sampling.steps import ODE_STEPS
+from flowrl.strategies.deepspeed import accumulating, deepspeed_engine, deepspeed_step
+from flowrl.strategies.fsdp2 import forward_is_collective, is_fsdp2, shard_for_strategy
+from flowrl.training.nonfinite import NonfiniteSteps
+from flowrl.training.steps import TrainingSteps
 
-# ModelCheckpoint warns under manual optimization that checkpoints hold the weights after the optimizer step: that is
-# what resuming an RL run needs (the next batch samples from the updated policy; tests/cli/test_fit.py resumes exactly)
-warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
 
-
-class BaseModule(LightningModule):
+class BaseModule(Generation):
     """Options every method has (all appear in ``python -m flowrl fit --help``).
 
     Args:
@@ -42,6 +54,14 @@ class BaseModule(LightningModule):
         num_steps: sampling steps ``T`` of a training rollout.
         eval_num_steps: ODE steps of validation samples (None: ``num_steps``).
         guidance_scale: classifier-free guidance at sampling and training (1 disables it).
+        advantage: estimator or preset of ``flowrl.advantages`` (e.g. ``grpo@flow_grpo``: group mean, population
+            std of the gathered batch, +1e-4, clip 5).
+        advantage_options: overrides of the estimator's options.
+        reward_aggregation: how the rewards combine (``flowrl.rewards.aggregate``): ``sum`` (weighted raw sum),
+            ``advantage_sum`` (each normalised within its group, then weighted) or ``gdpo`` (then batch-normalised).
+        sample_chunk_size: sample the batch in chunks of this many rows, submitting each chunk's images for scoring
+            as soon as they exist (a ``RemoteReward`` with ``overlap`` scores them while the next chunk samples);
+            results do not depend on it. None: one chunk.
         optimizer: e.g. ``{class_path: torch.optim.AdamW, init_args: {lr: 3e-4}}``.
         max_grad_norm: clip the gradient norm to this before each optimizer step (None disables).
         max_nonfinite_steps: an optimizer step whose loss or gradient norm is NaN or inf (on any rank) is skipped
@@ -50,24 +70,55 @@ class BaseModule(LightningModule):
         seed: seeds the method's own randomness (the shuffling of training pairs, calibration noise).
     """
 
-    scores_own_rewards = True  # reward callbacks must not score validation outputs a second time
-    option_problems = staticmethod(base_option_problems)  # the CLI checks a config with it before loading weights
     min_group_size = 2  # samples per prompt a method needs (1: a method that groups one tree per prompt)
+    raw_rewards = False  # a method that differences rewards along a trajectory needs reward_aggregation: sum
 
     def __init__(self, policy: FlowPolicy, num_steps: int = 10, eval_num_steps: Optional[int] = None,
-                 guidance_scale: float = 4.5, optimizer: OptimizerCallable = torch.optim.AdamW,
+                 guidance_scale: float = 4.5, advantage: str = "grpo@flow_grpo",
+                 advantage_options: Optional[dict[str, Any]] = None, reward_aggregation: str = "sum",
+                 sample_chunk_size: Optional[int] = None, optimizer: OptimizerCallable = torch.optim.AdamW,
                  max_grad_norm: Optional[float] = 1.0, max_nonfinite_steps: int = 3, seed: int = 0):
+        # the arguments of every __init__ of the chain (as Lightning's save_hyperparameters collects them): every option
+        # of the method is checked here, before any subclass's __init__ has done more than call this one
+        given: dict[str, Any] = {}
+        for level in collect_init_args(inspect.currentframe(), []):  # this class first, the most derived last
+            given.update(level)
+        options = checked_options(type(self), (), given)
         super().__init__()
-        problems = base_option_problems(num_steps=num_steps, max_nonfinite_steps=max_nonfinite_steps)
-        if problems:
-            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
+        self.options = options  # every option's value, as declared (a tree's shape and a rollout's cost read them)
         self.automatic_optimization = False
         self.policy = policy
         self.num_steps, self.eval_num_steps = num_steps, eval_num_steps or num_steps
         self.guidance_scale, self.optimizer_factory = guidance_scale, optimizer
-        self.max_grad_norm, self.max_nonfinite_steps, self.seed = max_grad_norm, max_nonfinite_steps, seed
-        self.nonfinite_in_a_row = 0  # skipped optimizer steps since the last finite one (checkpointed)
-        self._reward_set: Optional[tuple[int, RewardSet]] = None
+        self.advantage, self.advantage_options = advantage, dict(advantage_options or {})
+        self.reward_aggregation, self.sample_chunk_size = reward_aggregation, sample_chunk_size
+        self.max_grad_norm, self.seed = max_grad_norm, seed
+        self.nonfinite = NonfiniteSteps(max_nonfinite_steps)  # checkpointed
+        self.step_kind = ODE_STEPS[policy.prediction]  # training rollouts: the ODE unless a method samples an SDE
+        self.completions: Optional[Completions] = None  # dense step-reward methods set one
+        self.unlogged_evaluations = 0.0  # evaluations spent outside rollouts (calibration), counted at the next log
+
+    @classmethod
+    def check_options(cls, o) -> list[str]:
+        problems = at_least(o, 1, ("num_steps", "eval_num_steps", "max_nonfinite_steps", "sample_chunk_size"))
+        problems += at_least(o, 0, ("max_grad_norm",), strict=True, hint=" (or null: no clipping)")
+        try:
+            adv_lib.resolve(o.advantage, **(o.advantage_options or {}))
+        except ValueError as err:
+            problems.append(f"model.advantage: {err}")
+        if o.reward_aggregation not in AGGREGATIONS:
+            problems.append(f"model.reward_aggregation={o.reward_aggregation!r}: choose one of {sorted(AGGREGATIONS)}")
+        elif cls.raw_rewards and o.reward_aggregation != "sum":
+            problems.append(f"model.reward_aggregation={o.reward_aggregation!r}: {cls.__name__} takes differences of "
+                            "raw weighted rewards along a trajectory; use reward_aggregation: sum")
+        return problems + optimizer_problems(o.optimizer)
+
+    @classmethod
+    def rollout_cost(cls, o) -> tuple[int, int]:
+        """``(samples, model evaluations)`` of one rollout (one seed) with options ``o``: a trajectory of ``T``
+        steps by default; a tree's leaves, completions included (a CFG pair counted once). The data layout (how many
+        seeds make ``data.group_size`` samples), the checks before loading and the run header read it."""
+        return 1, o.num_steps
 
     def configure_optimizers(self):
         return self.optimizer_factory(self.policy.trainable_parameters())
@@ -75,17 +126,6 @@ class BaseModule(LightningModule):
     def configure_model(self) -> None:
         # Lightning calls this under every strategy, before the optimizers exist; only FSDP2 changes the model here
         shard_for_strategy(self.trainer.strategy, self.policy)
-
-    # -- rewards -------------------------------------------------------------------------------------------
-
-    @property
-    def reward_set(self) -> RewardSet:
-        """The reward callbacks on the trainer as one :class:`~flowrl.rewards.reward_set.RewardSet` (built once per
-        trainer)."""
-        callbacks = self.trainer.callbacks
-        if self._reward_set is None or self._reward_set[0] != id(callbacks):
-            self._reward_set = (id(callbacks), RewardSet(callbacks))
-        return self._reward_set[1]
 
     def on_fit_start(self) -> None:
         if not len(self.reward_set):
@@ -97,6 +137,197 @@ class BaseModule(LightningModule):
         if problems or elsewhere:
             raise PermissionError("output folders cannot be written (checked before the first rollout):\n  " +
                                   "\n  ".join(problems or ["on another rank; see its error"]))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["flowrl_loop"] = self.nonfinite.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.nonfinite.load_state_dict(checkpoint.get("flowrl_loop", {}))
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def training_step(self, batch: dict, batch_idx: int) -> dict:
+        started = time.perf_counter()
+        self.policy.eval()  # no dropout: sampling and training must see the same network
+        with torch.no_grad():
+            cond = self.encode(batch)
+            rollout = self.rollout_and_score(batch, cond)
+        sampling_s = time.perf_counter() - started
+        credited = self.credit(self.gathered(rollout))
+        rollout.step_rewards, rollout.train_mask = credited.mine(credited.step_rewards), credited.mine(credited.trained)
+        metrics = self.update(rollout, cond, credited)
+        self.log_step(rollout, credited, {**credited.diagnostics, **metrics}, sampling_s, cond.guided)
+        mine = credited.rows
+        return {"images": rollout.images, "prompts": rollout.prompts, "rewards": credited.total[mine],
+                "seeds": rollout.seeds, "group_ids": rollout.group_ids, "advantages": credited.advantages[mine],
+                "scores": rollout.rewards, "node_ids": rollout.node_ids}
+
+    def rollout_and_score(self, batch: dict, cond: Conditioning) -> Rollout:
+        """The rollout with its images and every reward's scores, sampled ``sample_chunk_size`` rows at a time; each
+        chunk is submitted for scoring before the next one samples."""
+        size = len(batch["prompts"])
+        step = self.sample_chunk_size or size
+        parts, pending = [], []
+        for start in range(0, size, step):
+            rows = slice(start, min(start + step, size))
+            chunk = {k: v[rows] if isinstance(v, (list, Tensor)) else v for k, v in batch.items()}
+            chunk["cond_rows"] = torch.arange(rows.start, rows.stop, device=self.device)
+            part = self.rollout(chunk, cond)
+            part.images = self.policy.decode(part.final())
+            per_row = {"group_ids": part.group_ids, "seeds": part.seeds}  # per rollout row (a tree: per leaf)
+            if "images" in batch:  # each row's prompt's images, through the row's conditioning row
+                per_row["images"] = [batch["images"][i] for i in part.cond_rows.tolist()]
+            pending.append(self.reward_set.submit(part.images, part.prompts, batch_metadata(per_row)))
+            parts.append(part)
+        rollout = Rollout.cat(parts) if len(parts) > 1 else parts[0]
+        rollout.rewards = self.reward_set.collect(pending)
+        return rollout
+
+    def gathered(self, rollout: Rollout) -> Batch:
+        """The rollout's per-row fields (no latents, images or prompts) from every rank, in rank order."""
+        sizes = self.rank_sizes(rollout.batch_size)
+        fields = {name: self.gather(getattr(rollout, name), sizes) if getattr(rollout, name) is not None else None
+                  for name in GATHERED}  # cond_rows index each rank's own prompts: not gathered
+        rewards = {name: self.gather(scores, sizes) for name, scores in rollout.rewards.items()}
+        return Batch(prompts=[], latents=None, rewards=rewards, rows=self.rank_rows(sizes), sizes=sizes, **fields)
+
+    def credit(self, batch: Batch) -> Batch:
+        """The gathered batch with its aggregated reward, validity and every hook's output (the same on every
+        rank)."""
+        total, valid = self.reward_set.aggregate(self.reward_aggregation, batch.rewards, batch.group_ids)
+        if batch.completion_rewards is not None:  # a completion that could not be scored invalidates its row
+            valid = valid & torch.isfinite(batch.completion_rewards).all(1)
+        if not valid.any():
+            bad = [n for n, s in batch.rewards.items() if not torch.isfinite(s).all()] or ["the ODE completions"]
+            raise RuntimeError(f"every sample of the batch got a non-finite reward from {bad}; check the reward")
+        return self.apply_hooks(dataclasses.replace(batch, total=total, valid=valid))
+
+    def apply_hooks(self, batch: Batch) -> Batch:
+        """``batch`` (with its ``total`` and ``valid``) with the edges trained once and every hook's output, in order:
+        step rewards, advantages, loss weights (zero on rows without a valid reward), supervised weights."""
+        batch = dataclasses.replace(batch, trained=batch.trained_once())
+        diagnostics = {}
+        for hook in ("step_rewards", "advantages", "loss_weights", "supervised_weights"):
+            value, found = hook_value(getattr(self, hook)(batch))
+            if hook == "loss_weights":
+                value = value * batch.valid[:, None]  # a row without a valid reward trains nothing
+            diagnostics.update(found)
+            batch = dataclasses.replace(batch, **{hook: value})
+        return dataclasses.replace(batch, diagnostics=diagnostics)
+
+    def update(self, rollout: Rollout, cond: Conditioning, batch: Batch) -> dict[str, float]:
+        """Train on the batch (``rollout``: this rank's rows, its ``train_mask`` and ``step_rewards`` this rank's
+        share of the batch's); return the metrics to log as ``train/<key>``. Each method defines its own."""
+        raise NotImplementedError(f"{type(self).__name__} does not define update()")
+
+    # -- hooks: sampling -----------------------------------------------------------------------------------
+
+    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
+        """Sample the batch's rows (conditioned by ``cond``'s rows ``batch["cond_rows"]``, by default row ``i`` by row
+        ``i``) with the step kind's SDE on the ``sde_mask`` steps, then score the ODE completions of
+        ``completion_starts``."""
+        sigmas = self.policy.sigmas(self.num_steps).to(self.device)
+        mask = self.sde_mask()
+        cond_rows = batch.get("cond_rows", torch.arange(len(batch["seeds"]), device=self.device))
+        reuse = self.completions is not None and self.completions.completion_steps == 0
+        velocities = [] if reuse else None  # kept only for completions that reuse them
+        latents, log_probs = sample(self.velocity_fn(cond, cond_rows), batch["seeds"], sigmas,
+                                    self.policy.latent_shape(), self.step_kind, self.noise_levels(), mask, self.device,
+                                    velocities)
+        size = latents.shape[0]
+        train = self.trained_steps(mask, sigmas.cpu()).to(self.device)
+        rollout = Rollout(prompts=batch["prompts"], group_ids=batch["group_ids"], seeds=batch["seeds"],
+                          latents=latents, log_probs=log_probs, sigmas=sigmas.expand(size, -1),
+                          train_mask=train.expand(size, -1).clone(), cond_rows=cond_rows,
+                          nfe=torch.full((size,), self.num_steps, device=self.device),
+                          velocities=torch.stack(velocities, 1) if reuse else None)
+        starts = self.completion_starts()
+        if starts is not None:
+            rollout.completion_rewards, nfe = self.completions.score(
+                rollout, starts, self.velocity_fn(cond, rollout.cond_rows), self.policy.decode,
+                self.reward_set.total_score, ODE_STEPS[self.policy.prediction])
+            rollout.nfe = rollout.nfe + nfe
+        return rollout
+
+    def noise_levels(self) -> Tensor:
+        """Per-step noise scale ``[T]`` of the SDE (none for a deterministic rollout)."""
+        return torch.zeros(self.num_steps)
+
+    def sde_mask(self) -> Tensor:
+        """Which sampling steps are stochastic ``[T]`` (default: all, for an SDE ``step_kind``)."""
+        return sde_steps(self.num_steps, self.step_kind)
+
+    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+        """Which steps carry credit ``[T]``. A method that trains no log-prob (TDM-R1, DiffusionNFT) credits the
+        outcome to the last step, the clean sample's."""
+        return torch.arange(self.num_steps) == self.num_steps - 1
+
+    def completion_starts(self) -> Optional[Tensor]:
+        """The states whose ODE completions are scored into ``completion_rewards`` (None: none)."""
+        return None
+
+    # -- hooks: on the batch gathered from every rank -------------------------------------------------------
+
+    def step_rewards(self, batch: Batch):
+        """Rewards ``[B, T]`` for the estimator: the outcome on each row's last trained step."""
+        rewards = torch.zeros_like(batch.log_probs)
+        last = batch.train_mask.float().cumsum(1).argmax(1)  # [B] last trained position
+        rewards[torch.arange(len(batch.total)), last] = batch.total
+        return rewards
+
+    def advantages(self, batch: Batch):
+        """Advantages ``[B, T]`` of the valid rows (0 elsewhere). A tree estimator gets the rollout's ``node_ids``
+        as its ``step_group_ids``."""
+        valid = batch.valid
+        extra = {} if batch.node_ids is None else {"step_group_ids": batch.node_ids[valid]}  # read by `tree`
+        out = torch.zeros_like(batch.step_rewards)
+        out[valid] = adv_lib.compute(self.advantage, batch.step_rewards[valid], batch.train_mask[valid],
+                                     self.advantage_groups(batch)[valid], log_probs=batch.log_probs[valid],
+                                     **self.advantage_options, **extra)
+        return out
+
+    def advantage_groups(self, batch: Batch) -> Tensor:
+        """The group id of each row, among which advantages are normalised (default: the prompt's group)."""
+        return batch.group_ids
+
+    def loss_weights(self, batch: Batch):
+        """Per (row, step) loss weights ``[B, T]`` (the loop zeroes the rows without a valid reward)."""
+        return torch.ones_like(batch.log_probs)
+
+    def supervised_weights(self, batch: Batch):
+        """Weights ``[B, T]`` of a likelihood term ``-w log p`` beside the policy loss (None: none; Dynamic-TreeRPO's
+        LayerTuning-RL declares one)."""
+        return None
+
+    # -- logging -------------------------------------------------------------------------------------------
+
+    def log_step(self, rollout: Rollout, batch: Batch, metrics: dict[str, float], sampling_s: float,
+                 guided: bool) -> None:
+        """The metrics every method logs, with the same names, then ``train/<key>`` of ``metrics``."""
+        size = rollout.batch_size
+        log = lambda name, value, **kw: self.log(name, value, batch_size=size, **kw)  # noqa: E731
+        for name, scores in rollout.rewards.items():
+            finite = torch.isfinite(scores)
+            log(f"train/reward/{name}", scores[finite].mean() if finite.any() else torch.nan, sync_dist=True)
+            if not finite.all():
+                log(f"train/reward/{name}_nonfinite", (~finite).sum().float(), reduce_fx="sum", sync_dist=True)
+        total, valid = self.reward_set.total(rollout.rewards)[0], batch.mine(batch.valid)
+        log("train/reward/total", total[valid].mean() if valid.any() else torch.nan, prog_bar=True, sync_dist=True)
+        trained = batch.mine(batch.advantages)[rollout.train_mask]
+        log("train/advantage/mean", trained.mean())
+        log("train/advantage/std", trained.std() if trained.numel() > 1 else torch.zeros(()))
+        for key, value in metrics.items():
+            log(f"train/{key}", value)
+        nfe = float(rollout.nfe.sum()) / size  # mean model evaluations per row (a tree's leaf: its share)
+        log("rollout/nfe", nfe)
+        log("rollout/forward_passes", nfe * (2 if guided and self.guidance_scale != 1.0 else 1))  # a CFG pair: 2
+        # the batch's model evaluations over every rank: the compute budget methods are compared at
+        log("rollout/evaluations", rollout.nfe.sum().float() + self.unlogged_evaluations, reduce_fx="sum",
+            sync_dist=True)
+        self.unlogged_evaluations = 0.0
+        transitions = int(rollout.train_mask.sum())  # the batch's evaluations per transition the loss trains
+        log("rollout/nfe_per_trained_step", float(rollout.nfe.sum()) / transitions if transitions else float("nan"))
+        log("rollout/samples_per_s", size / max(sampling_s, 1e-9))
 
     # -- ranks ---------------------------------------------------------------------------------------------
 
@@ -122,6 +353,18 @@ class BaseModule(LightningModule):
         start = sum(sizes[:rank])
         return slice(start, start + sizes[rank])
 
+    # -- the training loop's side of an update -------------------------------------------------------------
+
+    def training_steps(self) -> TrainingSteps:
+        """Backward passes, gradient syncs, checked optimizer steps and collectives through this trainer's strategy,
+        as the callables the update components take."""
+        strategy, world = self.trainer.strategy, self.trainer.world_size
+        return TrainingSteps(backward=self.manual_backward, optimizer_step=self.finite_optimizer_step,
+                             parameters=self.policy.trainable_parameters, no_sync=self.no_sync, world_size=world,
+                             reduce_mean=lambda x: strategy.reduce(x, reduce_op="mean") if world > 1 else x,
+                             reduce_max=lambda x: strategy.reduce(x, reduce_op="max") if world > 1 else x,
+                             collective_forward=forward_is_collective(strategy), sharded_gradients=is_fsdp2(strategy))
+
     def no_sync(self):
         """Skip the gradient all-reduce of a non-final micro-batch (DDP, FSDP2; DeepSpeed: not an accumulation
         boundary); a no-op on one device."""
@@ -132,23 +375,23 @@ class BaseModule(LightningModule):
         block = getattr(self.trainer.strategy, "block_backward_sync", None)
         return block() if block is not None else nullcontext()
 
-    # -- optimizer steps -----------------------------------------------------------------------------------
-
-    def grad_norm(self, parameters: Optional[list] = None) -> float:
-        grads = [p.grad for p in (parameters or self.policy.trainable_parameters()) if p.grad is not None]
-        if not grads:
-            return 0.0
-        norm = torch.nn.utils.get_total_norm(grads)
-        # FSDP2: the gradients are shards (DTensors), and so is their norm until reduced: the global norm is wanted
-        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-
-    def finite_optimizer_step(self, optimizer, loss_finite: bool, parameters: Optional[list] = None) -> Optional[float]:
+    def finite_optimizer_step(self, optimizer, loss_finite: bool, parameters: Optional[list] = None,
+                              counted: bool = True) -> Optional[float]:
         """Clip and take the optimizer step unless the loss or the gradient norm is non-finite on any rank, then zero
-        the gradients. Returns the gradient norm before clipping, or None for a skipped step."""
+        the gradients; ``counted=False`` steps through the strategy without counting a global step. Returns the
+        gradient norm before clipping, or None for a skipped step."""
+        if not counted:
+            optimizer = Uncounted(optimizer, self.trainer.strategy)
+        on_any_rank = (lambda bad: self.trainer.strategy.reduce_boolean_decision(bad, all=False)) \
+            if self.trainer.world_size > 1 else bool
+        skip = lambda finite, norm: self.nonfinite.skip(finite, norm, on_any_rank, self.global_step)  # noqa: E731
         if (engine := deepspeed_engine(self.trainer)) is not None:  # its optimizer owns the gradients and clipping
-            return deepspeed_step(self, engine, optimizer, loss_finite)
-        grad_norm = self.grad_norm(parameters)
-        if self.skip_nonfinite_step(loss_finite, grad_norm):
+            return deepspeed_step(engine, optimizer, skip, loss_finite)
+        grads = [p.grad for p in (parameters or self.policy.trainable_parameters()) if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        # FSDP2: the gradients are shards (DTensors), and so is their norm until reduced: the global norm is wanted
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if skip(loss_finite, grad_norm):
             optimizer.zero_grad()
             return None
         if self.max_grad_norm is not None:
@@ -157,119 +400,15 @@ class BaseModule(LightningModule):
         optimizer.zero_grad()
         return grad_norm
 
-    def skip_nonfinite_step(self, loss_finite: bool, grad_norm: float) -> bool:
-        """Whether to skip this optimizer step (a non-finite loss or gradient norm on any rank: one collective, so
-        every rank decides alike); raises after ``max_nonfinite_steps`` skipped in a row."""
-        bad = not (loss_finite and math.isfinite(grad_norm))
-        if self.trainer.world_size > 1:
-            bad = self.trainer.strategy.reduce_boolean_decision(bad, all=False)
-        if not bad:
-            self.nonfinite_in_a_row = 0
-            return False
-        self.nonfinite_in_a_row += 1
-        if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
-            quantity = "the loss" if not loss_finite else "the gradient norm" if not math.isfinite(grad_norm) else (
-                "the loss or gradient norm on another rank")
-            raise FloatingPointError(
-                f"{quantity} was NaN or inf at {self.nonfinite_in_a_row} optimizer steps in a row (the last at "
-                f"global step {self.global_step}); those steps were skipped and the weights are unchanged since the "
-                "last finite one. Usual causes: a learning rate too high (model.optimizer.init_args.lr), fp16 "
-                "overflow (use bf16 or 32-true precision), or a reward or noise setting that makes log-probs "
-                f"non-finite. Stopping (model.max_nonfinite_steps={self.max_nonfinite_steps}).")
-        what = "loss" if not loss_finite else "gradient"
-        rank_zero_warn(f"skipped optimizer step {self.global_step}: non-finite {what} ({self.nonfinite_in_a_row} in a "
-                       f"row; the run stops at model.max_nonfinite_steps={self.max_nonfinite_steps})")
-        return True
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["flowrl_loop"] = {"nonfinite_in_a_row": self.nonfinite_in_a_row}
+class Uncounted:
+    """A ``LightningOptimizer`` whose ``step`` goes through the strategy without counting as a global step."""
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.nonfinite_in_a_row = checkpoint.get("flowrl_loop", {}).get("nonfinite_in_a_row", 0)
+    def __init__(self, optimizer, strategy):
+        self._optimizer, self._strategy = optimizer, strategy
 
-    # -- generation and evaluation -------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
 
-    def velocity_fn(self, cond: Conditioning, cond_rows: Optional[Tensor] = None) -> VelocityFn:
-        """The policy's guided velocity for rows conditioned by ``cond``'s rows ``cond_rows`` (None: all, in order)."""
-        if cond_rows is not None and not torch.equal(cond_rows.cpu(), torch.arange(len(cond.embeds))):
-            cond = cond.select(cond_rows)
-        return lambda z, sigma: self.policy.velocity(z, sigma, cond, self.guidance_scale)
-
-    def encode(self, batch: dict) -> Conditioning:
-        """The policy's conditioning of a batch's ``prompts`` and, where its prompt records carry them, ``images``."""
-        return self.policy.encode(batch["prompts"], images=batch.get("images"))
-
-    @torch.no_grad()
-    def generate(self, prompts: list[str], seeds: Tensor, num_steps: Optional[int] = None,
-                 images: Optional[list] = None) -> Tensor:
-        """Images ``[B, 3, H, W]`` from the deterministic ODE sampler (no noise after the seeded start); ``images``:
-        the prompts' conditioning images, for an editing or image-to-video policy."""
-        cond = self.encode({"prompts": prompts, "images": images})
-        sigmas = self.policy.sigmas(num_steps or self.eval_num_steps).to(self.device)
-        ode = ODE_STEPS[self.policy.prediction]
-        latents, _ = sample(self.velocity_fn(cond), seeds, sigmas, self.policy.latent_shape(), ode, device=self.device)
-        return self.policy.decode(latents[:, -1])
-
-    def _tally(self, batch: dict) -> dict[str, Tensor]:
-        """The reward set's tally of the ODE samples of a batch's ``prompts`` from its ``seeds``."""
-        images = self.generate(batch["prompts"], batch["seeds"].to(self.device), images=batch.get("images"))
-        return self.reward_set.tally(self.reward_set.score(images, batch["prompts"], reward_metadata(batch)))
-
-    def _reduced_means(self, tallies: list[dict[str, Tensor]]) -> dict[str, float]:
-        """Means of the tallies summed over batches and then over ranks (one collective, the same on every rank even
-        when ranks hold different numbers of batches)."""
-        keys = self.reward_set.tally_keys()
-        summed = torch.zeros(len(keys), dtype=torch.float64, device=self.device)
-        for tally in tallies:
-            summed += torch.stack([tally[k].double() for k in keys]).to(self.device)
-        if self.trainer.world_size > 1:
-            summed = self.trainer.strategy.reduce(summed, reduce_op="sum")
-        return tally_means(dict(zip(keys, summed.cpu())))
-
-    def on_validation_epoch_start(self) -> None:
-        self._val_tallies: list[dict[str, Tensor]] = []
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._val_tallies.append(self._tally(batch))
-
-    def on_validation_epoch_end(self) -> None:
-        # already reduced over ranks; non-finite scores are left out of the means and counted, never scored as 0
-        for name, value in self._reduced_means(self._val_tallies).items():
-            self.log(f"val/reward/{name}", value, batch_size=1)
-
-    @torch.no_grad()
-    def evaluate(self, batches: list[dict]) -> dict[str, float]:
-        """Mean reward per name (and ``total``) over evaluation batches of ``prompts`` and ``seeds`` on every rank
-        (call it on every rank), with ``<name>_nonfinite`` counts where scores were NaN or inf (left out of the means).
-        """
-        was_training = self.policy.training
-        self.policy.eval()
-        tallies = [self._tally(batch) for batch in batches]
-        self.policy.train(was_training)
-        return self._reduced_means(tallies)
-
-    # -- prediction (python -m flowrl predict) -------------------------------------------------------------
-
-    def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        """The images :meth:`generate` draws for ``batch["prompts"]`` from ``batch["seeds"]`` (deterministic ODE,
-        ``eval_num_steps`` steps, ``guidance_scale``), scored by every reward callback on the trainer.
-
-        Returns:
-            the batch's keys, plus ``images`` ``[B, 3, H, W]`` in [0, 1] on the CPU and ``rewards`` ``{name: [B]}``
-            (raw scores, NaN where a reward cannot read the prompt; empty without reward callbacks).
-        """
-        images = self.generate(batch["prompts"], batch["seeds"].to(self.device), images=batch.get("images"))
-        scores = {}
-        for reward in self.reward_set.callbacks:
-            try:
-                scores[reward.name] = reward.score(images, batch["prompts"], reward_metadata(batch)).detach().float().cpu()
-            except (ValueError, TypeError) as err:  # a prompt this reward cannot read: the images are still wanted
-                rank_zero_warn(f"reward {reward.name!r} cannot score these prompts, its scores are NaN: {err}")
-                scores[reward.name] = torch.full((len(batch["prompts"]),), torch.nan)
-        return {**batch, "images": images.float().cpu(), "rewards": scores}
-
-
-def reward_metadata(batch: dict) -> dict:
-    """What a reward sees besides the images and prompts: the rows' ``group_ids`` and ``seeds`` where the batch has
-    them, and each prompt's conditioning ``images`` (an edit's source, a video's first frame) where it has them."""
-    return {key: batch[key] for key in ("group_ids", "seeds", "images") if key in batch}
+    def step(self) -> Any:
+        return self._strategy.optimizer_step(self._optimizer.optimizer, closure=lambda: None)

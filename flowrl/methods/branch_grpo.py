@@ -24,13 +24,13 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from flowrl.methods.tree_method import TreeMethod, tree_problems
+from flowrl.methods.batch import Batch
+from flowrl.methods.option_surface import at_least
+from flowrl.methods.tree_method import TreeMethod
 from flowrl.policies.base import FlowPolicy
-from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import trained_steps
 from flowrl.sampling.tree import TreeShape
 
-BRANCH_ADVANTAGE_OPTIONS: dict[str, Any] = {"among": "depth", "value": "mean", "eps": 1e-8, "ddof": 1}
 WIDTH_PRUNING = ("none", "best_per_branch", "extremes")
 
 
@@ -41,21 +41,6 @@ def split_steps_of(num_steps: int, split_steps: Optional[list[int]]) -> list[int
     ([0, 4, 8, 12], [0, 2, 4, 6], [0, 6])
     """
     return sorted(split_steps) if split_steps is not None else [i * num_steps // 5 for i in range(4)]
-
-def branch_problems(split_steps: Optional[list[int]] = None, branches: int = 2, split_noise_scale: float = 4.0,
-                    width_pruning: str = "none", width_pruning_count: int = 1, mix_window: Optional[int] = None,
-                    num_steps: int = 10, **tree: Any) -> list[str]:
-    """Problems with BranchGRPO's options and the tree layer's (before any weight loads)."""
-    problems = tree_problems(num_steps=num_steps, **tree)
-    splits = split_steps_of(num_steps, split_steps)
-    if not splits or splits[0] < 0 or splits[-1] >= num_steps or len(set(splits)) != len(splits):
-        problems.append(f"model.split_steps={splits}: distinct steps in [0, {num_steps})")
-    if branches < 2 or split_noise_scale <= 0 or width_pruning_count < 1 or (mix_window or 1) < 1:
-        problems.append(f"model.branches={branches} must be >= 2, split_noise_scale={split_noise_scale} > 0, "
-                        f"width_pruning_count={width_pruning_count} >= 1, mix_window={mix_window} >= 1 or null")
-    if width_pruning not in WIDTH_PRUNING:
-        problems.append(f"model.width_pruning={width_pruning!r}: choose one of {WIDTH_PRUNING}")
-    return problems
 
 
 class BranchGRPO(TreeMethod):
@@ -69,38 +54,42 @@ class BranchGRPO(TreeMethod):
         width_pruning_count: leaves kept at each end with ``extremes``.
         depth_pruning: steps whose edges are not trained.
         mix_window: SDE on each split step and the next ``mix_window - 1`` steps, ODE elsewhere (None: SDE always).
-        advantage: default ``tree``.
-        advantage_options: None means :data:`BRANCH_ADVANTAGE_OPTIONS` (``value: path_prob`` for the fusion).
+        advantage: ``tree@branch_grpo``: depth-wise normalised node values, unbiased std, +1e-8 (``advantage_options:
+            {value: path_prob}`` for their path-probability fusion).
+        step_kind: ``dance``, the authors' SDE.
+        noise_level: 0.3, the authors' ``eta``.
     """
-
-    option_problems = staticmethod(branch_problems)  # the CLI checks a config with it before loading weights
 
     def __init__(self, policy: FlowPolicy, split_steps: Optional[list[int]] = None, branches: int = 2,
                  split_noise_scale: float = 4.0, width_pruning: str = "none", width_pruning_count: int = 1,
                  depth_pruning: Optional[list[int]] = None, mix_window: Optional[int] = None,
-                 advantage: str = "tree", advantage_options: Optional[dict[str, Any]] = None,
-                 step_kind: str = "dance", noise_level: float = 0.3, **kwargs: Any):
-        if problems := branch_problems(split_steps=split_steps, branches=branches,
-                                       split_noise_scale=split_noise_scale, width_pruning=width_pruning,
-                                       width_pruning_count=width_pruning_count, mix_window=mix_window,
-                                       step_kind=step_kind, noise_level=noise_level, **kwargs):
-            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
-        splits = split_steps_of(kwargs.get("num_steps", 10), split_steps)
-        if advantage_options is None and advantage == "tree":
-            advantage_options = dict(BRANCH_ADVANTAGE_OPTIONS)
-        super().__init__(policy, advantage=advantage, advantage_options=advantage_options, step_kind=step_kind,
-                         noise_level=noise_level, **kwargs)
-        self.split_steps, self.branches, self.split_noise_scale = splits, branches, split_noise_scale
+                 advantage: str = "tree@branch_grpo", step_kind: str = "dance", noise_level: float = 0.3,
+                 **kwargs: Any):
+        super().__init__(policy, advantage=advantage, step_kind=step_kind, noise_level=noise_level, **kwargs)
+        self.split_steps = split_steps_of(self.num_steps, split_steps)
+        self.branches, self.split_noise_scale = branches, split_noise_scale
         self.width_pruning, self.width_pruning_count = width_pruning, width_pruning_count
         self.depth_pruning, self.mix_window = sorted(depth_pruning or []), mix_window
 
-    def tree_shape(self) -> TreeShape:
-        T = self.num_steps
-        sde = [True] * T if self.mix_window is None else [
-            any(s <= k < s + self.mix_window for s in self.split_steps) for k in range(T)]
-        return TreeShape(splits=tuple(self.branches if k in self.split_steps else 1 for k in range(T)),
-                         sde=tuple(sde), side=(0,) * T, stop=T,
-                         noise_scale=tuple(self.split_noise_scale if k in self.split_steps else 1.0 for k in range(T)))
+    @classmethod
+    def check_options(cls, o) -> list[str]:
+        problems = []
+        splits = split_steps_of(o.num_steps, o.split_steps)
+        if not splits or splits[0] < 0 or splits[-1] >= o.num_steps or len(set(splits)) != len(splits):
+            problems.append(f"model.split_steps={splits}: distinct steps in [0, {o.num_steps})")
+        problems += at_least(o, 2, ("branches",)) + at_least(o, 0, ("split_noise_scale",), strict=True)
+        problems += at_least(o, 1, ("width_pruning_count",)) + at_least(o, 1, ("mix_window",), hint=" (or null)")
+        if o.width_pruning not in WIDTH_PRUNING:
+            problems.append(f"model.width_pruning={o.width_pruning!r}: choose one of {WIDTH_PRUNING}")
+        return problems
+
+    @classmethod
+    def shape_of(cls, o, batch: int = 0) -> TreeShape:
+        T, splits = o.num_steps, split_steps_of(o.num_steps, o.split_steps)
+        sde = [True] * T if o.mix_window is None else [any(s <= k < s + o.mix_window for s in splits) for k in range(T)]
+        return TreeShape(splits=tuple(o.branches if k in splits else 1 for k in range(T)), sde=tuple(sde),
+                         side=(0,) * T, stop=T,
+                         noise_scale=tuple(o.split_noise_scale if k in splits else 1.0 for k in range(T)))
 
     def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
         """Every stochastic step but the ``depth_pruning`` ones."""
@@ -108,14 +97,13 @@ class BranchGRPO(TreeMethod):
         mask[self.depth_pruning] = False
         return mask
 
-    def loss_weights(self, batch: Rollout) -> Tensor:
+    def loss_weights(self, batch: Batch) -> Tensor:
         """1 on the edges of the leaves width pruning keeps (an edge shared with a kept leaf is kept), 0 elsewhere."""
         weights = torch.ones_like(batch.log_probs)
         if self.width_pruning == "none":
             return weights
-        total, valid = self.reward_set.total(batch.rewards)
         last = max(self.split_steps)  # leaves are grouped by the node they split from at the last split
-        kept = kept_leaves(self.width_pruning, torch.where(valid, total, -torch.inf), batch.seeds,
+        kept = kept_leaves(self.width_pruning, torch.where(batch.valid, batch.total, -torch.inf), batch.seeds,
                            batch.node_ids[:, last - 1] if last > 0 else batch.seeds, self.width_pruning_count)
         steps = torch.arange(batch.num_steps, device=weights.device).expand_as(batch.node_ids)
         edges = torch.stack([batch.node_ids, steps], -1)  # an edge: (node, step)

@@ -19,35 +19,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from flowrl.methods.completions import Completions
+from flowrl.methods.batch import Batch
 from flowrl.methods.flow_grpo import FlowGRPO
-from flowrl.methods.options import completion_problems, fraction_problems
 from flowrl.policies.base import FlowPolicy
+from flowrl.sampling.completions import Completions
 from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
-from flowrl.sampling.rollout import Rollout
 
-#: Flow-GRPO's numerics (population std, +1e-4, clip 5) per (group, step), the std of Eq. 10 being the group's.
-DEFAULT_ADVANTAGE_OPTIONS = {"eps": 1e-4, "ddof": 0, "std_scope": "group", "clip": 5.0}
 _CALIBRATION_SEED_OFFSET = 1 << 40  # calibration noise never repeats a training sample's seed
-
-
-def dense_option_problems(completion_steps: Optional[int] = None, completion_chunk_size: Optional[int] = None,
-                          reward_chunk_size: Optional[int] = None, calibration: Any = NoiseCalibration(),
-                          advantage: str = "step_grpo", advantage_options: Optional[dict] = None,
-                          reward_aggregation: str = "sum", **flow_grpo: Any) -> list[str]:
-    """Problems with DenseGRPO's options and Flow-GRPO's, each naming the key and the fix (before weights load)."""
-    problems = completion_problems(completion_steps, completion_chunk_size, reward_chunk_size)
-    if isinstance(calibration, dict):
-        calibration = NoiseCalibration(**calibration)
-    if calibration is not None:
-        problems += calibration.problems()
-    if reward_aggregation != "sum":
-        problems.append(f"model.reward_aggregation={reward_aggregation!r}: DenseGRPO takes differences of raw "
-                        "weighted rewards between completions; use reward_aggregation: sum")
-    if advantage_options is None and advantage == "step_grpo":
-        advantage_options = DEFAULT_ADVANTAGE_OPTIONS
-    return problems + fraction_problems(advantage=advantage, advantage_options=advantage_options,
-                                        reward_aggregation=reward_aggregation, **flow_grpo)
 
 
 class DenseGRPO(FlowGRPO):
@@ -55,35 +33,42 @@ class DenseGRPO(FlowGRPO):
 
     Args:
         completion_steps: Euler steps of each ODE completion (capped by the remaining steps); None: the full
-            remaining schedule (the paper's default, 65 model evaluations per trajectory at T=10).
+            remaining schedule (the paper's default, 65 model evaluations per trajectory at T=10); 0: no model call,
+            the one-step estimate from the velocity the sampler already computed.
         completion_chunk_size: at most this many completions per model call (memory); None: all at once.
         reward_chunk_size: at most this many completion images decoded and scored at once; None: all at once.
         calibration: exploration-space calibration (``samples``, ``iterations``, ``eps1``, ``eps2``), run on the
             first training batch's prompts; null keeps Flow-GRPO's noise ``noise_level * sqrt(sigma / (1 - sigma))``.
-        advantage: default ``step_grpo``; advantage_options: None means ``eps 1e-4, ddof 0, std_scope group,
-            clip 5`` (Flow-GRPO's numerics per (group, step)); a dict replaces them.
+        advantage: ``step_grpo@flow_grpo``: the step rewards normalised per (group, step) with Flow-GRPO's numerics
+            (population std, +1e-4, clip 5), Eq. 10.
     """
 
-    option_problems = staticmethod(dense_option_problems)  # the CLI checks a config with it before loading weights
+    raw_rewards = True  # dR differences raw weighted rewards between completions
 
     def __init__(self, policy: FlowPolicy, completion_steps: Optional[int] = None,
                  completion_chunk_size: Optional[int] = None, reward_chunk_size: Optional[int] = None,
-                 calibration: Optional[NoiseCalibration] = NoiseCalibration(), advantage: str = "step_grpo",
-                 advantage_options: Optional[dict[str, Any]] = None, **kwargs: Any):
-        if advantage_options is None and advantage == "step_grpo":
-            advantage_options = dict(DEFAULT_ADVANTAGE_OPTIONS)
-        problems = dense_option_problems(completion_steps, completion_chunk_size, reward_chunk_size, calibration,
-                                         advantage, advantage_options, **kwargs)
-        if problems:
-            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
+                 calibration: Optional[NoiseCalibration] = NoiseCalibration(), advantage: str = "step_grpo@flow_grpo",
+                 **kwargs: Any):
         # **kwargs passed on unchanged: jsonargparse reads Flow-GRPO's signature through it (--help, YAML checks)
-        super().__init__(policy, advantage=advantage, advantage_options=advantage_options, **kwargs)
+        super().__init__(policy, advantage=advantage, **kwargs)
         self.completions = Completions(completion_steps, completion_chunk_size, reward_chunk_size)
         self.calibration = calibration
         factors = noise_scale_factors(policy.sigmas(self.num_steps).float(), self.step_kind)
         self.noise_factors = factors  # [T]
         self.noise_scales = self.noise_level * factors  # [T] psi(k), Flow-GRPO's s_k until calibrated
         self.calibrated = False
+
+    @classmethod
+    def rollout_cost(cls, o) -> tuple[int, int]:
+        """``T`` sampling evaluations and the completions of every state before a step (65 at ``T = 10``)."""
+        completions = Completions(o.completion_steps).evaluations(list(range(o.num_steps)), o.num_steps)
+        return 1, o.num_steps + completions
+
+    @classmethod
+    def check_options(cls, o) -> list[str]:
+        problems = Completions(o.completion_steps, o.completion_chunk_size, o.reward_chunk_size).problems()
+        calibration = NoiseCalibration(**o.calibration) if isinstance(o.calibration, dict) else o.calibration
+        return problems + (calibration.problems() if calibration is not None else [])
 
     # -- hooks ---------------------------------------------------------------------------------------------
 
@@ -95,9 +80,10 @@ class DenseGRPO(FlowGRPO):
         """Every state before a step: ``completion_rewards [B, T]``."""
         return torch.arange(self.num_steps)
 
-    def step_rewards(self, batch: Rollout, total: Tensor, valid: Tensor) -> Tensor:
+    def step_rewards(self, batch: Batch) -> Tensor:
         """``dR [B, T]``: ``R[:, 1:] - R[:, :-1]`` with ``R = [completion_rewards, total]`` (invalid rows: 0, and
         masked out by the loop)."""
+        total = batch.total
         rewards = torch.cat([batch.completion_rewards.to(total), total[:, None]], dim=1)  # [B, T+1]
         return rewards.diff(dim=1).nan_to_num(0.0)
 
@@ -121,7 +107,7 @@ class DenseGRPO(FlowGRPO):
         local = options.samples // world
         pool = self._calibration_prompt_pool(batch)
         prompts = [pool[(rank * local + i) % len(pool)] for i in range(local)]
-        cond = self.policy.encode(prompts)
+        cond = self.encode({"prompts": prompts})
         self.policy.eval()
         self.calibrated = True  # sample with psi from here on
         for iteration in range(options.iterations):

@@ -27,14 +27,15 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from flowrl.losses.nft import nft_loss, old_decay, optimality_probability
-from flowrl.methods.adapter_steps import adapter_step, backward, follow
+from flowrl.losses.nft import ADVANTAGE_MODES, nft_loss, old_decay, optimality_probability
 from flowrl.methods.base import BaseModule
-from flowrl.methods.likelihood_free_options import diffusion_nft_problems
-from flowrl.methods.outcome_rollout import log_outcome, outputs, sample_and_score, select
-from flowrl.policies.base import FlowPolicy
+from flowrl.methods.batch import Batch
+from flowrl.methods.option_surface import at_least, named_adapter_problems
+from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import branch_seed, seeded_noise
-from flowrl.sampling.steps import ODE_STEPS
+from flowrl.sampling.steps import PREDICTIONS, STEPS
+from flowrl.training.adapter_steps import adapter_step, backward, follow
 
 
 @dataclass
@@ -58,6 +59,7 @@ class DiffusionNFT(BaseModule):
     """DiffusionNFT. Options beyond the base's (``guidance_scale`` is the sampler's CFG, 1 by default):
 
     Args:
+        guidance_scale: the sampler's classifier-free guidance (1: CFG-free, the code's default).
         step_kind: the sampler step (null: the policy's ODE; ``flow_grpo``, ``cps``, ``dance`` sample an SDE).
         noise_level: the SDE's noise scale (SDE steps only).
         nft_beta: strength beta of the implicit positive and negative policies (the code: 1; 0.1 for OCR and
@@ -70,71 +72,85 @@ class DiffusionNFT(BaseModule):
         num_minibatches: optimizer steps per batch (the code's ``gradient_step_per_epoch``: 1; 2 for OCR).
         micro_batch_size: (sample, noise level) pairs per forward pass (None: a minibatch's pairs at once).
         old_decay: the soft update of the sampling policy ``old`` after each batch.
-        advantage: estimator or preset of ``flowrl.advantages`` (Flow-GRPO's numerics: ``grpo@flow_grpo``).
-        advantage_options: overrides of the estimator's options.
     """
 
-    option_problems = staticmethod(diffusion_nft_problems)
-
-    def __init__(self, policy: FlowPolicy, num_steps: int = 10, guidance_scale: float = 1.0,
-                 step_kind: Optional[str] = None, noise_level: float = 0.7, nft_beta: float = 1.0, beta: float = 1e-4,
-                 advantage_clip: float = 5.0, advantage_mode: str = "all", timestep_fraction: float = 0.99,
-                 num_minibatches: int = 1, micro_batch_size: Optional[int] = None, old_decay: OldDecay = OldDecay(),
-                 advantage: str = "grpo@flow_grpo", advantage_options: Optional[dict[str, Any]] = None,
-                 **kwargs: Any):
-        options = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__", "num_steps",
-                                                                   "guidance_scale")}
-        problems = diffusion_nft_problems(**options, num_steps=num_steps, **kwargs)
-        if problems:
-            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
-        super().__init__(policy, num_steps=num_steps, guidance_scale=guidance_scale, **kwargs)
-        for key in ("noise_level", "nft_beta", "beta", "advantage_clip", "advantage_mode", "timestep_fraction",
-                    "num_minibatches", "micro_batch_size", "old_decay", "advantage"):
-            setattr(self, key, options[key])
-        self.step_kind = step_kind or ODE_STEPS[policy.prediction]
-        self.advantage_options = dict(advantage_options or {})
+    def __init__(self, policy: FlowPolicy, guidance_scale: float = 1.0, step_kind: Optional[str] = None,
+                 noise_level: float = 0.7, nft_beta: float = 1.0, beta: float = 1e-4, advantage_clip: float = 5.0,
+                 advantage_mode: str = "all", timestep_fraction: float = 0.99, num_minibatches: int = 1,
+                 micro_batch_size: Optional[int] = None, old_decay: OldDecay = OldDecay(), **kwargs: Any):
+        super().__init__(policy, guidance_scale=guidance_scale, **kwargs)
+        self.step_kind = step_kind or self.step_kind  # the base's: the policy's ODE
+        self.noise_level, self.nft_beta, self.beta = noise_level, nft_beta, beta
+        self.advantage_clip, self.advantage_mode, self.timestep_fraction = (advantage_clip, advantage_mode,
+                                                                            timestep_fraction)
+        self.num_minibatches, self.micro_batch_size, self.old_decay = num_minibatches, micro_batch_size, old_decay
         policy.add_adapter("old", policy.lora, trainable=False)
         follow(policy, "old", "default", 0.0)  # a copy
 
-    def training_step(self, batch: dict, batch_idx: int) -> dict:
-        self.policy.eval()  # no dropout: sampling and training see the same network
-        with torch.no_grad():
-            cond = self.encode(batch)
+    @classmethod
+    def check_options(cls, o) -> list[str]:
+        problems = named_adapter_problems(o.policy, "DiffusionNFT")
+        velocity_kinds = sorted(k for k, p in PREDICTIONS.items() if p == "velocity" and k in STEPS)
+        if o.step_kind is not None and o.step_kind not in velocity_kinds:
+            problems.append(f"model.step_kind={o.step_kind!r}: choose a sampler step from {velocity_kinds} (null: the "
+                            "ODE)")
+        problems += at_least(o, 0, ("nft_beta", "advantage_clip", "noise_level"), strict=True)
+        problems += at_least(o, 0, ("beta",)) + at_least(o, 1, ("num_minibatches",))
+        problems += at_least(o, 1, ("micro_batch_size",), hint=" (or null: a minibatch's pairs at once)")
+        if o.advantage_mode not in ADVANTAGE_MODES:
+            problems.append(f"model.advantage_mode={o.advantage_mode!r}: choose one of {list(ADVANTAGE_MODES)}")
+        if not 0 < o.timestep_fraction <= 1:
+            problems.append(f"model.timestep_fraction={o.timestep_fraction} must be in (0, 1] (the code: 0.99)")
+        decay = o.old_decay.get("init_args", o.old_decay) if isinstance(o.old_decay, dict) else vars(o.old_decay)
+        if not (decay.get("delay", 0) >= 0 and decay.get("rate", 0) >= 0 and 0 <= decay.get("limit", 0) < 1):
+            problems.append(f"model.old_decay={decay}: need delay >= 0, rate >= 0 and 0 <= limit < 1 (the code's "
+                            "type 1: {delay: 0, rate: 0.001, limit: 0.5})")
+        return problems
+
+    def noise_levels(self) -> Tensor:
+        """Per-step noise scale ``[T]`` of an SDE sampler (unused by the ODE)."""
+        return torch.full((self.num_steps,), float(self.noise_level))
+
+    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
+        """The sampling policy ``old`` samples (the loop's rollout under the adapter ``old``)."""
         with self.policy.adapter("old"):
-            rollout = sample_and_score(self, batch, self.velocity_fn(cond), self.num_steps, self.step_kind,
-                                       self.noise_level, self.advantage, self.advantage_options)
-        r = optimality_probability(rollout.advantages, self.advantage_clip, self.advantage_mode)
-        r = torch.where(rollout.valid, r, torch.full_like(r, 0.5))  # no reward: no preference either way
-        levels = rollout.sigmas[:-1]  # [T] the schedule's noise levels (the code: the sampler's timesteps / 1000)
+            return super().rollout(batch, cond)
+
+    def update(self, rollout: Rollout, cond: Conditioning, batch: Batch) -> dict[str, float]:
+        """``num_minibatches`` optimizer steps over the samples of every rank, each sample at its drawn noise levels,
+        then the soft update of ``old``."""
+        all_advantages = batch.advantages[:, -1]  # [B_all] the outcome's, every rank
+        valid, rows = batch.mine(batch.valid), batch.rows
+        r = optimality_probability(all_advantages[rows], self.advantage_clip, self.advantage_mode)
+        r = torch.where(valid, r, torch.full_like(r, 0.5))  # no reward: no preference either way
+        levels = rollout.sigmas[0, :-1]  # [T] the schedule's noise levels (the code: the sampler's timesteps / 1000)
         per_row = max(1, math.floor(len(levels) * self.timestep_fraction))
-        world = self.trainer.world_size
+        steps, world = self.training_steps(), self.trainer.world_size
         gen = torch.Generator().manual_seed(branch_seed(self.seed, [self.global_step]))
-        order = torch.randperm(len(rollout.all_advantages), generator=gen)  # global rows, shuffled (as the code)
+        order = torch.randperm(len(all_advantages), generator=gen)  # global rows, shuffled (as the code)
         losses, norms, passes = [], [], 0
         for part in order.chunk(self.num_minibatches):
-            mine = part[(part >= rollout.rows.start) & (part < rollout.rows.stop)] - rollout.rows.start
-            rows = mine.repeat_interleave(per_row)
-            ids = torch.cat([self._levels(batch["seeds"][i], len(levels))[:per_row] for i in mine.tolist()]
+            mine = part[(part >= rows.start) & (part < rows.stop)] - rows.start
+            pair_rows = mine.repeat_interleave(per_row)
+            ids = torch.cat([self._levels(rollout.seeds[i], len(levels))[:per_row] for i in mine.tolist()]
                             or [mine])  # [P] which noise level each pair trains at
             total = len(part) * per_row  # the minibatch's pairs on every rank
             finite = True
-            for chunk in torch.arange(len(rows)).split(self.micro_batch_size or max(len(rows), 1)):
-                b, k = rows[chunk], ids[chunk]
-                loss = self.pair_loss(rollout.latents[b, -1], levels[k], r[b], select(cond, b), batch["seeds"][b], k)
-                loss = loss * rollout.valid[b]  # a sample without a finite reward does not train
-                backward(self, loss.sum() * world / total)  # averaged over ranks: the minibatch's mean
+            for chunk in torch.arange(len(pair_rows)).split(self.micro_batch_size or max(len(pair_rows), 1)):
+                b, k = pair_rows[chunk], ids[chunk]
+                loss = self.pair_loss(rollout.latents[b, -1], levels[k], r[b], cond.select(b), rollout.seeds[b], k)
+                loss = loss * valid[b]  # a sample without a finite reward does not train
+                backward(steps, loss.sum() * world / total)  # averaged over ranks: the minibatch's mean
                 finite &= bool(torch.isfinite(loss).all())
                 losses.append(loss.detach())
                 passes += len(chunk) * (3 if self.beta > 0 else 2)
-            norms.append(adapter_step(self, self.optimizers(), self.policy.trainable_parameters("default"), finite))
+            norms.append(adapter_step(steps, self.optimizers(), self.policy.trainable_parameters("default"), finite))
         follow(self.policy, "old", "default", old_decay(self.global_step, self.old_decay.delay, self.old_decay.rate,
-                                      self.old_decay.limit))
+                                                        self.old_decay.limit))
         taken = [n for n in norms if n is not None]
-        log_outcome(self, rollout, self.num_steps, {
-            "loss": float(torch.cat(losses).mean()) if losses else float("nan"), "r_mean": float(r.mean()),
-            "grad_norm": sum(taken) / len(taken) if taken else float("nan"), "nonfinite_steps": float(
-                len(norms) - len(taken)), "forward_passes": passes / max(len(r), 1)}, self.guidance_scale)
-        return outputs(rollout, batch)
+        return {"loss": float(torch.cat(losses).mean()) if losses else float("nan"), "r_mean": float(r.mean()),
+                "grad_norm": sum(taken) / len(taken) if taken else float("nan"),
+                "nonfinite_steps": float(len(norms) - len(taken)), "forward_passes": passes / max(len(r), 1)}
 
     def _levels(self, seed: Tensor, count: int) -> Tensor:
         """A sample's order of the schedule's noise levels this step (the code: ``torch.randperm`` per sample)."""

@@ -11,7 +11,6 @@ from typing import Any
 
 from torch import Tensor
 
-from flowrl.methods.options import fraction_problems
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.policies.base import FlowPolicy
 from flowrl.sampling.sampler import trained_steps
@@ -24,14 +23,15 @@ class FlowGRPO(PolicyGradient):
         timestep_fraction: train the stochastic steps among the first ``floor(T * timestep_fraction)``.
     """
 
-    option_problems = staticmethod(fraction_problems)
-
     def __init__(self, policy: FlowPolicy, timestep_fraction: float = 0.99, **kwargs: Any):
-        if not 0 < timestep_fraction <= 1:
-            raise ValueError(f"invalid method settings:\n  model.timestep_fraction={timestep_fraction} must be in "
-                             "(0, 1]")
         super().__init__(policy, **kwargs)
         self.timestep_fraction = timestep_fraction
+
+    @classmethod
+    def check_options(cls, o) -> list[str]:
+        if not 0 < o.timestep_fraction <= 1:
+            return [f"model.timestep_fraction={o.timestep_fraction} must be in (0, 1]"]
+        return []
 
     def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
         return trained_steps(sde_mask, self.timestep_fraction, sigmas, self.step_kind)

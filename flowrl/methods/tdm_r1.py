@@ -19,7 +19,7 @@ from the K (the same on every rank), in this order:
    (:func:`~flowrl.losses.tdm.generator_loss`); steps ``j >= trunc_steps`` drop the surrogate term.
 
 Each adapter takes one optimizer step per batch; only the generator's counts as a global step
-(:mod:`flowrl.methods.adapter_steps`). Re-noising times are drawn in unshifted time above the lower bound
+(:mod:`flowrl.training.adapter_steps`). Re-noising times are drawn in unshifted time above the lower bound
 (``time_shift``). Randomness is a function of (seed, step, row seed or group id), so resume is exact and 2 ranks
 equal 1. Deviations from the code (see docs/methods/tdm_r1.md): Euler ODE rollouts on the policy's schedule (the code
 uses DPM-Solver with flow shift 3), the drift test on the global batch's mean (the code: each GPU's), one optimizer
@@ -29,7 +29,7 @@ step per adapter per batch in the order fake, surrogate, generator (the code acc
 from __future__ import annotations
 
 import dataclasses
-
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -37,13 +37,13 @@ from torch import Tensor
 
 from flowrl.losses.tdm import (fake_score_loss, frozen_rows, generator_loss, group_logits, group_preference_loss,
                                renoise, renoise_sigma, surrogate_target)
-from flowrl.methods.adapter_steps import adapter_optimizers, adapter_step, backward, follow
 from flowrl.methods.base import BaseModule
-from flowrl.methods.likelihood_free_options import tdm_r1_problems
-from flowrl.methods.outcome_rollout import OutcomeRollout, log_outcome, outputs, sample_and_score, select
+from flowrl.methods.batch import Batch
+from flowrl.methods.option_surface import at_least, named_adapter_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import branch_seed, seeded_noise
-from flowrl.sampling.steps import ODE_STEPS
+from flowrl.training.adapter_steps import adapter_optimizers, adapter_step, backward, follow
 
 #: the trained adapters, in optimizer order; the generator is the policy's own LoRA adapter
 ADAPTERS = ("default", "fake_score", "surrogate")
@@ -51,9 +51,11 @@ OLD_DECAY = (0.001, 0.001, 0.3)  # surrogate_old: min(max, start + rate * step) 
 
 
 class TDMR1(BaseModule):
-    """TDM-R1. Options beyond the base's (``num_steps`` is K, 4 by default; ``guidance_scale`` must stay 1):
+    """TDM-R1. Options beyond the base's (``num_steps`` is K; ``guidance_scale`` must stay 1):
 
     Args:
+        num_steps: K, the generator's deterministic ODE steps (training and evaluation).
+        guidance_scale: 1: the generator samples without CFG (its CFG-as-reward term trains the guidance into it).
         num_train_steps: M, the steps of the K trained per batch (drawn without replacement).
         trunc_steps: steps ``j < trunc_steps`` get the surrogate reward term (None: all K).
         teacher_guidance: the CFG of the real score (the reference) in the CFG-as-reward term and the weight.
@@ -68,8 +70,6 @@ class TDMR1(BaseModule):
         reward_min_sigma: lower bound of the surrogate's training re-noising level (``t_min_dgpo_reward``).
         time_shift: re-noising levels are uniform in unshifted time under this shift (SD3: 3).
         time_weighting: weight the surrogate loss by ``(b + 1) / K`` (``use_tweight``).
-        advantage: estimator or preset of ``flowrl.advantages`` (Flow-GRPO's numerics: ``grpo@flow_grpo``).
-        advantage_options: overrides of the estimator's options.
         micro_batch_size: rows per forward pass (None: this rank's batch at once).
         adapter_optimizer_options: per adapter (``default``, ``fake_score``, ``surrogate``) optimizer options over
             ``optimizer``'s, e.g. ``{default: {lr: 7.5e-5}}`` (the code: generator lr / 4).
@@ -77,27 +77,21 @@ class TDMR1(BaseModule):
             diffusers' ``save_lora_weights``, or an embedded ``flowrl/<name>``), e.g. a distilled few-step model.
     """
 
-    option_problems = staticmethod(tdm_r1_problems)
-
     def __init__(self, policy: FlowPolicy, num_steps: int = 4, guidance_scale: float = 1.0, num_train_steps: int = 2,
                  trunc_steps: Optional[int] = None, teacher_guidance: float = 4.5, surrogate_guidance: float = 2.5,
                  tdm_weight: float = 0.3, beta: float = 1e-3, beta_dpo: float = 1.0, clip_range: float = 1e-3,
                  drift_threshold: float = 0.05, surrogate_min_sigma: float = 0.25, reward_min_sigma: float = 0.55,
-                 time_shift: float = 3.0, time_weighting: bool = True, advantage: str = "grpo@flow_grpo",
-                 advantage_options: Optional[dict[str, Any]] = None, micro_batch_size: Optional[int] = None,
+                 time_shift: float = 3.0, time_weighting: bool = True, micro_batch_size: Optional[int] = None,
                  adapter_optimizer_options: Optional[dict[str, dict[str, Any]]] = None,
                  generator_init: Optional[str] = None, **kwargs: Any):
-        options = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
-        problems = tdm_r1_problems(**options, **kwargs)
-        if problems:
-            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
         super().__init__(policy, num_steps=num_steps, guidance_scale=guidance_scale, **kwargs)
-        for key in ("num_train_steps", "teacher_guidance", "surrogate_guidance", "tdm_weight", "beta", "beta_dpo",
-                    "clip_range", "drift_threshold", "surrogate_min_sigma", "reward_min_sigma", "time_shift",
-                    "time_weighting", "advantage", "micro_batch_size"):
-            setattr(self, key, options[key])
+        self.num_train_steps, self.teacher_guidance, self.surrogate_guidance = (num_train_steps, teacher_guidance,
+                                                                                surrogate_guidance)
+        self.tdm_weight, self.beta, self.beta_dpo, self.clip_range = tdm_weight, beta, beta_dpo, clip_range
+        self.drift_threshold, self.surrogate_min_sigma = drift_threshold, surrogate_min_sigma
+        self.reward_min_sigma, self.time_shift, self.time_weighting = reward_min_sigma, time_shift, time_weighting
+        self.micro_batch_size = micro_batch_size
         self.trunc_steps = num_steps if trunc_steps is None else trunc_steps
-        self.advantage_options = dict(advantage_options or {})
         self.adapter_optimizer_options = dict(adapter_optimizer_options or {})
         fresh = dataclasses.replace(policy.lora, init=None)  # the others start as peft starts them
         for name in ADAPTERS[1:]:
@@ -109,6 +103,38 @@ class TDMR1(BaseModule):
             load_adapter(policy, "default", generator_init)
         follow(policy, "surrogate_old", "surrogate", 0.0)  # a copy
         self.forward_passes = 0
+
+    @classmethod
+    def check_options(cls, o) -> list[str]:
+        problems = named_adapter_problems(o.policy, "TDM-R1")
+        if o.guidance_scale != 1.0:
+            problems.append(f"model.guidance_scale={o.guidance_scale}: TDM-R1's generator samples without CFG (its "
+                            "CFG-as-reward term trains the guidance into it); use 1.0 and set model.teacher_guidance")
+        if not 1 <= o.num_train_steps <= o.num_steps:
+            problems.append(f"model.num_train_steps={o.num_train_steps} must be in [1, num_steps={o.num_steps}] (the "
+                            "code: 2 of 4)")
+        if o.trunc_steps is not None and o.trunc_steps > o.num_steps:
+            problems.append(f"model.trunc_steps={o.trunc_steps} exceeds the generator's num_steps={o.num_steps}: every "
+                            f"step already gets the surrogate term at {o.num_steps}; use at most {o.num_steps} (or "
+                            "null: all)")
+        problems += at_least(o, 0, ("trunc_steps", "beta", "drift_threshold"))
+        problems += at_least(o, 0, ("beta_dpo", "clip_range", "time_shift"), strict=True)
+        problems += at_least(o, 1, ("teacher_guidance", "surrogate_guidance"), hint=" (1: no guidance)")
+        problems += at_least(o, 1, ("micro_batch_size",), hint=" (or null: the whole batch at once)")
+        if not 0 <= o.tdm_weight <= 1:
+            problems.append(f"model.tdm_weight={o.tdm_weight} must be in [0, 1] (the code: 0.3)")
+        for key in ("surrogate_min_sigma", "reward_min_sigma"):
+            if not 0 <= getattr(o, key) < 1:
+                problems.append(f"model.{key}={getattr(o, key)} must be in [0, 1): a noise level (the code's t_min / "
+                                "1000)")
+        if unknown := sorted(set(o.adapter_optimizer_options or {}) - set(ADAPTERS)):
+            problems.append(f"model.adapter_optimizer_options has options for {unknown}: TDM-R1's trained adapters are "
+                            f"{list(ADAPTERS)} (default is the generator)")
+        init = o.generator_init
+        if init is not None and not init.startswith("flowrl/") and not Path(init).exists():
+            problems.append(f"model.generator_init={init!r} does not exist; give a folder with "
+                            "pytorch_lora_weights.safetensors (or the file), or null to start from the backbone")
+        return problems
 
     def configure_optimizers(self):
         return adapter_optimizers(self.optimizer_factory, self.policy, list(ADAPTERS), self.adapter_optimizer_options)
@@ -153,70 +179,66 @@ class TDMR1(BaseModule):
                 "reward_tau": renoise_sigma(torch.maximum(s[bounds + 1], torch.tensor(self.reward_min_sigma)), u[2],
                                             self.time_shift)}
 
-    def training_step(self, batch: dict, batch_idx: int) -> dict:
-        self.policy.eval()  # no dropout: sampling and training see the same network
-        with torch.no_grad():
-            cond = self.encode(batch)
-        rollout = sample_and_score(self, batch, self.velocity_fn(cond), self.num_steps,
-                                   ODE_STEPS[self.policy.prediction], advantage=self.advantage,
-                                   advantage_options=self.advantage_options)
-        plan, self.forward_passes = self.plan(rollout.sigmas), 0
+    def update(self, rollout: Rollout, cond: Conditioning, batch: Batch) -> dict[str, float]:
+        """The fake score's, the surrogate's and the generator's steps, in that order, on this batch."""
+        plan, self.forward_passes = self.plan(rollout.sigmas[0]), 0
         opt_generator, opt_fake, opt_surrogate = self.optimizers()
-        metrics = self.fake_score_update(rollout, cond, batch, plan, opt_fake)
+        metrics = self.fake_score_update(rollout, cond, plan, opt_fake)
         metrics.update(self.surrogate_update(rollout, cond, batch, plan, opt_surrogate))
-        metrics.update(self.generator_update(rollout, cond, batch, plan, opt_generator))
-        metrics["forward_passes"] = self.forward_passes / len(rollout.total)  # per sample, in the update
-        log_outcome(self, rollout, self.num_steps, metrics)
-        return outputs(rollout, batch)
+        metrics.update(self.generator_update(rollout, cond, plan, opt_generator))
+        metrics["forward_passes"] = self.forward_passes / rollout.batch_size  # per sample, in the update
+        return metrics
 
-    def fake_score_update(self, r: OutcomeRollout, cond: Conditioning, batch: dict, plan, opt) -> dict[str, float]:
-        size, m, total = len(r.total), len(plan["steps"]), 0.0
+    def fake_score_update(self, r: Rollout, cond: Conditioning, plan, opt) -> dict[str, float]:
+        size, m, total, sigmas, steps = r.batch_size, len(plan["steps"]), 0.0, r.sigmas[0], self.training_steps()
         for i, j in enumerate(plan["steps"].tolist()):
-            sigma, tau = r.sigmas[j], plan["fake_tau"][i].to(self.device)
+            sigma, tau = sigmas[j], plan["fake_tau"][i].to(self.device)
             for rows in self.chunks(size):
-                c, z, n = select(cond, rows), r.latents[rows, j], len(rows)
+                c, z, n = cond.select(rows), r.latents[rows, j], len(rows)
                 with torch.no_grad():
                     v = self.v("default", z, sigma.expand(n), c)
-                    x0, z_next = z - sigma * v, z - (sigma - r.sigmas[j + 1]) * v
-                    z_tau, _, _ = renoise(z_next, r.sigmas[j + 1].expand(n), tau.expand(n),
-                                          self._noise(batch["seeds"][rows], 0, i))
+                    x0, z_next = z - sigma * v, z - (sigma - sigmas[j + 1]) * v
+                    z_tau, _, _ = renoise(z_next, sigmas[j + 1].expand(n), tau.expand(n),
+                                          self._noise(r.seeds[rows], 0, i))
                     real = self.v(None, z_tau, tau.expand(n), c)
                 loss = fake_score_loss(self.v("fake_score", z_tau, tau.expand(n), c), (z_tau - x0) / tau, real)
-                backward(self, loss.sum() / (size * m))
+                backward(steps, loss.sum() / (size * m))
                 total += float(loss.detach().sum())
-        norm = adapter_step(self, opt, self.policy.trainable_parameters("fake_score"), bool(torch.isfinite(
+        norm = adapter_step(steps, opt, self.policy.trainable_parameters("fake_score"), bool(torch.isfinite(
             torch.tensor(total))), counted=False)
         return {"loss/fake_score": total / (size * m), "grad_norm/fake_score": norm or float("nan")}
 
-    def surrogate_update(self, r: OutcomeRollout, cond: Conditioning, batch: dict, plan, opt) -> dict[str, float]:
-        size, m, total, frozen_frac, weight_mean = len(r.total), len(plan["steps"]), 0.0, 0.0, 0.0
+    def surrogate_update(self, r: Rollout, cond: Conditioning, batch: Batch, plan, opt) -> dict[str, float]:
+        size, m, total, frozen_frac, weight_mean = r.batch_size, len(plan["steps"]), 0.0, 0.0, 0.0
+        steps, all_advantages = self.training_steps(), batch.advantages[:, -1]  # [B_all] the outcome's, every rank
+        advantages = all_advantages[batch.rows]
         for i, b in enumerate(plan["bounds"].tolist()):
-            sigma_b, tau = r.sigmas[b + 1].expand(size), plan["reward_tau"][i].to(self.device).expand(size)
-            noise = self._noise(batch["group_ids"], 1, i)  # one noise per group
+            sigma_b, tau = r.sigmas[0, b + 1].expand(size), plan["reward_tau"][i].to(self.device).expand(size)
+            noise = self._noise(r.group_ids, 1, i)  # one noise per group
             z_tau, _, _ = renoise(r.latents[:, b + 1], sigma_b, tau, noise)
             target = surrogate_target(r.latents[:, b + 1], sigma_b, tau, noise)
             with torch.no_grad():  # per-row losses of every rank first: the group logits need them all
-                stats = torch.cat([self._denoising(z_tau[rows], tau[rows], select(cond, rows), target[rows])
+                stats = torch.cat([self._denoising(z_tau[rows], tau[rows], cond.select(rows), target[rows])
                                    for rows in self.chunks(size)])  # [B, 4]: dsm, old, ref, drift
-            everyone = self.gather(stats, r.sizes)
-            logits = group_logits(everyone[:, 0] - everyone[:, 2], r.all_advantages, r.all_group_ids, self.beta_dpo)
-            weights = torch.sigmoid(logits)[r.rows]
-            frozen = frozen_rows(stats[:, 0], stats[:, 1], stats[:, 2], r.advantages, self.clip_range,
+            everyone = self.gather(stats, batch.sizes)
+            logits = group_logits(everyone[:, 0] - everyone[:, 2], all_advantages, batch.group_ids, self.beta_dpo)
+            weights = torch.sigmoid(logits)[batch.rows]
+            frozen = frozen_rows(stats[:, 0], stats[:, 1], stats[:, 2], advantages, self.clip_range,
                                  everyone[:, 3].mean(), self.drift_threshold)
             t_weight = (b + 1) / self.num_steps if self.time_weighting else 1.0
             for rows in self.chunks(size):
-                c = select(cond, rows)
+                c = cond.select(rows)
                 v_sur = self.v("surrogate", z_tau[rows], tau[rows], c)
                 with torch.no_grad():
                     v_ref = self.v(None, z_tau[rows], tau[rows], c)
                 dsm = (target[rows] - v_sur).square().flatten(1).mean(1)
-                loss = (group_preference_loss(dsm, r.advantages[rows], weights[rows], frozen[rows])
+                loss = (group_preference_loss(dsm, advantages[rows], weights[rows], frozen[rows])
                         + self.beta * (v_sur - v_ref).square().flatten(1).mean(1).mean()) * len(rows) / size
-                backward(self, loss * t_weight / m)
+                backward(steps, loss * t_weight / m)
                 total += float(loss.detach()) * t_weight / m
             frozen_frac += float(frozen.float().mean()) / m
             weight_mean += float(weights.mean()) / m
-        norm = adapter_step(self, opt, self.policy.trainable_parameters("surrogate"),
+        norm = adapter_step(steps, opt, self.policy.trainable_parameters("surrogate"),
                             bool(torch.isfinite(torch.tensor(total))), counted=False)
         decay = min(OLD_DECAY[2], OLD_DECAY[0] + OLD_DECAY[1] * self.global_step)  # the code's ema_old decay
         follow(self.policy, "surrogate_old", "surrogate", decay)
@@ -230,29 +252,29 @@ class TDMR1(BaseModule):
         mse = lambda a, b: (a - b).square().flatten(1).mean(1)  # noqa: E731
         return torch.stack([mse(target, v_sur), mse(target, v_old), mse(target, v_ref), mse(v_sur, v_ref)], 1)
 
-    def generator_update(self, r: OutcomeRollout, cond: Conditioning, batch: dict, plan, opt) -> dict[str, float]:
-        size, m, total = len(r.total), len(plan["steps"]), 0.0
+    def generator_update(self, r: Rollout, cond: Conditioning, plan, opt) -> dict[str, float]:
+        size, m, total, steps = r.batch_size, len(plan["steps"]), 0.0, self.training_steps()
         for i, j in enumerate(plan["steps"].tolist()):
-            sigma, sigma_next = r.sigmas[j], r.sigmas[j + 1]
+            sigma, sigma_next = r.sigmas[0, j], r.sigmas[0, j + 1]
             tau, tau_s = plan["fake_tau"][i].to(self.device), plan["gen_tau"][i].to(self.device)
             for rows in self.chunks(size):
-                c, z, n = select(cond, rows), r.latents[rows, j], len(rows)
+                c, z, n = cond.select(rows), r.latents[rows, j], len(rows)
                 v = self.v("default", z, sigma.expand(n), c)
                 x0, z_next = z - sigma * v, (z - (sigma - sigma_next) * v).detach()
                 with torch.no_grad():
                     z_tau, _, _ = renoise(z_next, sigma_next.expand(n), tau.expand(n),
-                                          self._noise(batch["seeds"][rows], 2, i))
+                                          self._noise(r.seeds[rows], 2, i))
                     targets = {"real_cond": self.x0(None, z_tau, tau, c), "fake": self.x0("fake_score", z_tau, tau, c),
                                "real_uncond": self.x0(None, z_tau, tau, c.unconditional())}
                     if j < self.trunc_steps:  # the surrogate's direction, from noise shared by the group
                         z_s, _, _ = renoise(z_next, sigma_next.expand(n), tau_s.expand(n),
-                                            self._noise(batch["group_ids"][rows], 3, i))
+                                            self._noise(r.group_ids[rows], 3, i))
                         targets.update(surrogate=self.x0("surrogate", z_s, tau_s, c, self.surrogate_guidance),
                                        surrogate_ref=self.x0(None, z_s, tau_s, c))
                 loss, _ = generator_loss(x0, teacher_guidance=self.teacher_guidance, tdm_weight=self.tdm_weight,
                                          **targets)
-                backward(self, loss.float().sum() / (size * m))
+                backward(steps, loss.float().sum() / (size * m))
                 total += float(loss.detach().sum())
-        norm = adapter_step(self, opt, self.policy.trainable_parameters("default"),
+        norm = adapter_step(steps, opt, self.policy.trainable_parameters("default"),
                             bool(torch.isfinite(torch.tensor(total))))
         return {"loss/generator": total / (size * m), "grad_norm/generator": norm or float("nan")}

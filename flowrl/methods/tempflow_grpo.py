@@ -21,14 +21,11 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from flowrl.methods.tree_method import TreeMethod, tree_problems
+from flowrl.methods.batch import Batch
+from flowrl.methods.tree_method import TreeMethod
 from flowrl.policies.base import FlowPolicy
-from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import get_step
 from flowrl.sampling.tree import TreeShape
-
-#: ``step_grpo`` as the authors' seed-group statistics: population std, +1e-4, advantages clipped to 5.
-TEMPFLOW_ADVANTAGE_OPTIONS: dict[str, Any] = {"eps": 1e-4, "ddof": 0, "std_scope": "group", "clip": 5.0}
 
 
 def noise_aware_weights(stds: Tensor) -> Tensor:
@@ -48,21 +45,6 @@ def branch_steps_of(num_steps: int, branch_steps: Optional[list[int]], timestep_
     """
     return sorted(branch_steps) if branch_steps is not None else list(range(int(num_steps * timestep_fraction)))
 
-def tempflow_problems(branches: int = 6, branch_steps: Optional[list[int]] = None, timestep_fraction: float = 0.99,
-                      num_steps: int = 10, **tree: Any) -> list[str]:
-    """Problems with TempFlow-GRPO's options and the tree layer's (before any weight loads)."""
-    problems = tree_problems(num_steps=num_steps, **tree)
-    if branches < 2:
-        problems.append(f"model.branches={branches}: step advantages need at least 2 branches per step")
-    if not 0 < timestep_fraction <= 1:
-        problems.append(f"model.timestep_fraction={timestep_fraction} must be in (0, 1]")
-        return problems
-    steps = branch_steps_of(num_steps, branch_steps, timestep_fraction)
-    if not steps or steps[0] < 0 or steps[-1] >= num_steps - 1:
-        problems.append(f"model.branch_steps={steps}: choose steps in [0, {num_steps - 1}) (the last step lands on "
-                        "the image: nothing is left to complete)")
-    return problems
-
 
 class TempFlowGRPO(TreeMethod):
     """TempFlow-GRPO. Options beyond the tree layer's (:class:`~flowrl.methods.tree_method.TreeMethod`):
@@ -72,31 +54,38 @@ class TempFlowGRPO(TreeMethod):
         branch_steps: the steps that branch (None: the first ``floor(T * timestep_fraction)``, every trained step).
         timestep_fraction: with ``branch_steps`` null, branch on the first ``floor(T * fraction)`` steps.
         noise_aware: weight each step's loss by its SDE std relative to the mean over the branch steps.
-        advantage: default ``step_grpo`` (per seed group and step).
-        advantage_options: None means :data:`TEMPFLOW_ADVANTAGE_OPTIONS` when the estimator is ``step_grpo``.
+        advantage: ``step_grpo@flow_grpo`` per seed group and step, as the authors' seed-group statistics:
+            population std, +1e-4, advantages clipped to 5.
     """
 
-    option_problems = staticmethod(tempflow_problems)  # the CLI checks a config with it before loading weights
-
     def __init__(self, policy: FlowPolicy, branches: int = 6, branch_steps: Optional[list[int]] = None,
-                 timestep_fraction: float = 0.99, noise_aware: bool = True, advantage: str = "step_grpo",
-                 advantage_options: Optional[dict[str, Any]] = None, **kwargs: Any):
-        if advantage_options is None and advantage == "step_grpo":
-            advantage_options = dict(TEMPFLOW_ADVANTAGE_OPTIONS)
-        if problems := tempflow_problems(branches=branches, branch_steps=branch_steps,
-                                         timestep_fraction=timestep_fraction, **kwargs):
-            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
-        super().__init__(policy, advantage=advantage, advantage_options=advantage_options, **kwargs)
+                 timestep_fraction: float = 0.99, noise_aware: bool = True, advantage: str = "step_grpo@flow_grpo",
+                 **kwargs: Any):
+        super().__init__(policy, advantage=advantage, **kwargs)
         self.branches, self.noise_aware = branches, noise_aware
         self.branch_steps = branch_steps_of(self.num_steps, branch_steps, timestep_fraction)
 
-    def tree_shape(self) -> TreeShape:
-        T, last = self.num_steps, self.branch_steps[-1]
-        side = tuple(self.branches if k in self.branch_steps else 0 for k in range(T))
+    @classmethod
+    def check_options(cls, o) -> list[str]:
+        problems = []
+        if o.branches < 2:
+            problems.append(f"model.branches={o.branches}: step advantages need at least 2 branches per step")
+        if not 0 < o.timestep_fraction <= 1:
+            return problems + [f"model.timestep_fraction={o.timestep_fraction} must be in (0, 1]"]
+        steps = branch_steps_of(o.num_steps, o.branch_steps, o.timestep_fraction)
+        if not steps or steps[0] < 0 or steps[-1] >= o.num_steps - 1:
+            problems.append(f"model.branch_steps={steps}: choose steps in [0, {o.num_steps - 1}) (the last step lands "
+                            "on the image: nothing is left to complete)")
+        return problems
+
+    @classmethod
+    def shape_of(cls, o, batch: int = 0) -> TreeShape:
+        T, steps = o.num_steps, branch_steps_of(o.num_steps, o.branch_steps, o.timestep_fraction)
+        side, last = tuple(o.branches if k in steps else 0 for k in range(T)), steps[-1]
         return TreeShape(splits=(1,) * T, sde=(False,) * T, noise_scale=(1.0,) * T, side=side, stop=last + 1,
                          frontier_leaves=False)
 
-    def loss_weights(self, batch: Rollout) -> Tensor:
+    def loss_weights(self, batch: Batch) -> Tensor:
         """``w_k`` on each row's branch step (1 without ``noise_aware``)."""
         if not self.noise_aware:
             return torch.ones_like(batch.log_probs)

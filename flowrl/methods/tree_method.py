@@ -14,26 +14,12 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from flowrl.methods.options import policy_gradient_problems
+from flowrl.methods.batch import Batch
+from flowrl.methods.option_surface import at_least
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.tree import TreeShape, sample_trees
-
-
-def tree_problems(completion_steps: Optional[int] = None, tree_chunk_size: Optional[int] = None,
-                  advantage_group: str = "tree", **loop: Any) -> list[str]:
-    """Problems with the tree layer's options and the loop's, each naming the key and the fix (before weights load).
-
-    >>> tree_problems(advantage_group="seed", tree_chunk_size=0)  # doctest: +NORMALIZE_WHITESPACE
-    ['model.tree_chunk_size=0 must be >= 1 (or null)', "model.advantage_group='seed': choose 'tree' or 'prompt'"]
-    """
-    problems = policy_gradient_problems(**loop)
-    problems += [f"model.{key}={value} must be >= 1 (or null)" for key, value in (
-        ("completion_steps", completion_steps), ("tree_chunk_size", tree_chunk_size)) if value is not None and value < 1]
-    if advantage_group not in ("tree", "prompt"):
-        problems.append(f"model.advantage_group={advantage_group!r}: choose 'tree' or 'prompt'")
-    return problems
 
 
 class TreeMethod(PolicyGradient):
@@ -46,21 +32,42 @@ class TreeMethod(PolicyGradient):
             group (all its trees).
     """
 
-    option_problems = staticmethod(tree_problems)  # the CLI checks a config with it before loading weights
     min_group_size = 1  # a tree's leaves form groups of their own (advantage_group: tree)
 
     def __init__(self, policy: FlowPolicy, completion_steps: Optional[int] = None,
                  tree_chunk_size: Optional[int] = None, advantage_group: str = "tree", **kwargs: Any):
-        if problems := tree_problems(completion_steps=completion_steps, tree_chunk_size=tree_chunk_size,
-                                                  advantage_group=advantage_group, policy=policy, **kwargs):
-            raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
         super().__init__(policy, **kwargs)
         self.completion_steps, self.tree_chunk_size = completion_steps, tree_chunk_size
         self.advantage_group = advantage_group
 
-    def tree_shape(self) -> TreeShape:
-        """What each step does to every frontier node (the one hook a tree method must declare)."""
+    @classmethod
+    def check_options(cls, o) -> list[str]:
+        """
+        >>> from types import SimpleNamespace
+        >>> TreeMethod.check_options(SimpleNamespace(completion_steps=None, tree_chunk_size=0, advantage_group="seed"))
+        ['model.tree_chunk_size=0 must be >= 1 (or null)', "model.advantage_group='seed': choose 'tree' or 'prompt'"]
+        """
+        problems = at_least(o, 1, ("completion_steps", "tree_chunk_size"), hint=" (or null)")
+        if o.advantage_group not in ("tree", "prompt"):
+            problems.append(f"model.advantage_group={o.advantage_group!r}: choose 'tree' or 'prompt'")
+        return problems
+
+    @classmethod
+    def shape_of(cls, o, batch: int = 0) -> TreeShape:
+        """What each step does to every frontier node at the ``batch``-th batch, from the options ``o`` (the one hook
+        a tree method must declare)."""
         raise NotImplementedError
+
+    def tree_shape(self) -> TreeShape:
+        """This batch's tree shape."""
+        batches = self.global_step // (self.ppo.num_inner_epochs * self.ppo.num_minibatches)
+        return self.shape_of(self.options, batches)
+
+    @classmethod
+    def rollout_cost(cls, o) -> tuple[int, int]:
+        """A tree's leaves and its model evaluations (at the first batch)."""
+        shape = cls.shape_of(o)
+        return shape.leaves(), shape.evaluations(o.completion_steps)
 
     def noise_levels(self) -> Tensor:
         """The SDE's noise level of each step, times the tree's noise scale there (what sampling and training use)."""
@@ -71,14 +78,10 @@ class TreeMethod(PolicyGradient):
         sigmas = self.policy.sigmas(self.num_steps).to(self.device)
         seeds = batch["seeds"]
         cond_rows = batch.get("cond_rows", torch.arange(len(seeds), device=self.device))
-
-        def velocity(z, sigma, trees):  # `trees` index the batch rows; each carries its conditioning row
-            return self.policy.velocity(z, sigma, cond.select(cond_rows[trees.to(cond_rows.device)]),
-                                        self.guidance_scale)
-
         shape = self.tree_shape()
-        trees = sample_trees(velocity, seeds, self.policy.latent_shape(), sigmas, shape, self.step_kind,
-                             super().noise_levels(), self.completion_steps, self.tree_chunk_size, self.device)
+        trees = sample_trees(self.velocity_fn(cond, cond_rows), seeds, self.policy.latent_shape(), sigmas, shape,
+                             self.step_kind, super().noise_levels(), self.completion_steps, self.tree_chunk_size,
+                             self.device)
         leaf = trees.tree.to(seeds.device)
         steps = self.trained_steps(torch.ones(self.num_steps, dtype=torch.bool), sigmas.cpu())  # [T] step filter
         return Rollout(prompts=[batch["prompts"][i] for i in leaf.tolist()], group_ids=batch["group_ids"][leaf],
@@ -88,6 +91,6 @@ class TreeMethod(PolicyGradient):
                        nfe=trees.nfe.to(self.device), node_latents=trees.node_latents,
                        state_index=trees.state_index)
 
-    def advantage_groups(self, batch: Rollout) -> Tensor:
+    def advantage_groups(self, batch: Batch) -> Tensor:
         """The rows an advantage is normalised among: ``tree`` (the seed: one tree) or ``prompt`` (its group)."""
         return batch.seeds if self.advantage_group == "tree" else batch.group_ids

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 from flowrl.policies.base import FlowPolicy
 
 WEIGHTS_NAME = "pytorch_lora_weights.safetensors"

@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from flowrl.policies.base import FlowPolicy, adapter_of
-from flowrl.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
+from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
 
 REFERENCE_PREFIX = "reference_denoiser."
 

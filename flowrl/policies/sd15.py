@@ -25,7 +25,7 @@ from torch import Tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from flowrl.policies.base import Conditioning, LoraOptions
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.sd3 import resolution_problem
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
 from flowrl.policies.base import Conditioning, LoraOptions
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.tiny import SD3_LORA_TARGETS
 

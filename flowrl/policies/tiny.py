@@ -15,7 +15,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, CLIPTextModelWithProjection
 
 from flowrl.policies.base import Conditioning, FlowPolicy, LoraOptions
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 
 SD3_LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")

@@ -10,15 +10,12 @@ every velocity call (a classifier-free guidance pair is one evaluation, as the p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from flowrl.sampling.steps import get_step
-
-#: ``velocity(z [M, ...], sigma [M], rows [M] long) -> v [M, ...]``; ``rows`` index the batch's conditioning.
-RowVelocityFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+from flowrl.sampling.sampler import VelocityFn, sample_from
 
 
 @dataclass
@@ -72,13 +69,13 @@ def completion_sigmas(sigmas: Tensor, start: Tensor, completion_steps: Optional[
 
 
 @torch.no_grad()
-def ode_complete(velocity: RowVelocityFn, latents: Tensor, rows: Tensor, start: Tensor, sigmas: Tensor,
+def ode_complete(velocity: VelocityFn, latents: Tensor, rows: Tensor, start: Tensor, sigmas: Tensor,
                  completion_steps: Optional[int] = None, chunk_size: Optional[int] = None,
                  step_kind: str = "ode") -> Completion:
     """Complete ``latents`` to sigma 0 with the Euler ODE, every (trajectory, start) pair in one batch.
 
     Args:
-        velocity: the policy with its guidance bound, see :data:`RowVelocityFn`, e.g.
+        velocity: the policy with its guidance bound, see :data:`VelocityFn`, e.g.
             ``lambda z, s, rows: policy.velocity(z, s, cond.select(rows), guidance_scale)``.
         latents: ``[N, *shape]`` states to complete. rows: ``[N]`` long, the trajectory (conditioning row) of each.
         start: ``[N]`` long, index into ``sigmas`` of each state's sigma (``T``: already clean, 0 evaluations).
@@ -99,19 +96,14 @@ def ode_complete(velocity: RowVelocityFn, latents: Tensor, rows: Tensor, start: 
     if latents.shape[0] != rows.shape[0] or latents.shape[0] != start.shape[0]:
         raise ValueError(f"latents, rows and start need one entry per state; got {latents.shape[0]}, "
                          f"{rows.shape[0]} and {start.shape[0]}")
-    step = get_step(step_kind)
     grid, steps = completion_sigmas(sigmas.float(), start, completion_steps)
-    grid, steps, rows = grid.to(latents.device), steps.to(latents.device), rows.long().to(latents.device)
-    z = latents.float().clone()
-    for i in range(grid.shape[1] - 1):
-        active = (steps > i).nonzero().squeeze(1)  # pairs that have not reached sigma 0
-        for part in active.split(chunk_size or max(len(active), 1)):
-            sigma, sigma_next = grid[part, i], grid[part, i + 1]
-            z[part] = step(z[part], velocity(z[part], sigma, rows[part]), sigma, sigma_next).z_next
-    return Completion(latents=z, nfe=steps)
+    # the step loop on each pair's own remaining schedule: a pair leaves the model calls once it reaches sigma 0
+    done, _ = sample_from(velocity, latents.float().clone(), grid.to(latents.device), 0, None, step_kind,
+                          rows=rows.long().to(latents.device), steps=steps, chunk_size=chunk_size, keep_states=False)
+    return Completion(latents=done[:, 0], nfe=steps.to(latents.device))
 
 
-def complete_trajectories(velocity: RowVelocityFn, trajectory_latents: Tensor, sigmas: Tensor,
+def complete_trajectories(velocity: VelocityFn, trajectory_latents: Tensor, sigmas: Tensor,
                           starts: Optional[Tensor] = None, completion_steps: Optional[int] = None,
                           chunk_size: Optional[int] = None, step_kind: str = "ode") -> Completion:
     """ODE completions of the states of a batch of rollouts, all in one :func:`ode_complete` batch.

@@ -1,9 +1,15 @@
-"""The one sampler primitive, ``sample_from``, and the noise it consumes.
+"""The one step loop, ``sample_from``, its step primitive, and the noise it consumes.
 
-``sample_from`` continues a batch of trajectories from latents at any step ``k`` of a schedule, with a per-row,
-per-step choice of the SDE step or its ODE, and the noise of each step given by the caller. Plain sampling
-(:func:`sample`), a window of SDE steps inside an ODE trajectory (TP-GRPO), a shared prefix continued by branches
-(tree methods) and ODE completions of intermediate states are all calls of it.
+Every model evaluation of sampling goes through one primitive: :func:`model_velocity` (the model on a batch of
+states, ``chunk_size`` rows per call) followed by :func:`apply_step` (the step kind's SDE on the rows that branch,
+its ODE on the others). :func:`sample_from` loops that primitive over steps: it continues a batch of trajectories
+from states at any step of a schedule, with a per-row, per-step choice of SDE or ODE, the caller's noise, and
+optionally a schedule and a step count of each row's own (a row that has taken its steps leaves the later calls).
+Plain sampling (:func:`sample`), a window of SDE steps inside an ODE trajectory (TP-GRPO) and ODE completions of
+intermediate states (:func:`~flowrl.sampling.ode_complete.ode_complete`: per-row remaining schedules) are calls of
+it. The tree sampler (:mod:`flowrl.sampling.tree`) applies the same primitive at each step of its frontier and then
+splits: a node's children reuse its one model evaluation, which a loop over rows cannot express. Every model call
+has one signature, :data:`VelocityFn`.
 
 Noise is drawn per row from a CPU generator seeded by that row's seed (the initial noise first, then one draw per
 step), so a trajectory depends only on its seed, its prompt and the weights: not on the batch it shares, the rank it
@@ -18,10 +24,11 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from flowrl.sampling.steps import ODE_STEPS, get_step, ode_kind
+from flowrl.sampling.steps import ODE_STEPS, StepOutput, get_step, ode_kind
 
-#: ``velocity(z [B, ...], sigma [B]) -> v [B, ...]``: the model with its conditioning and guidance bound.
-VelocityFn = Callable[[Tensor, Tensor], Tensor]
+#: ``velocity(z [M, ...], sigma [M], rows [M] long) -> v [M, ...]``: the model with its guidance bound; ``rows``
+#: index the batch's conditioning (the prompt, and its images, of each state).
+VelocityFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 _MASK64 = (1 << 64) - 1
 
@@ -72,49 +79,105 @@ def path_noise(seeds: Tensor, paths: Sequence[Sequence[int]], shape: Sequence[in
                         device)
 
 
+def model_velocity(velocity: VelocityFn, z: Tensor, sigma: Tensor, rows: Tensor,
+                   chunk_size: Optional[int] = None) -> Tensor:
+    """The model output ``[M, ...]`` of states ``z [M, ...]`` at ``sigma [M]``, at most ``chunk_size`` rows per call.
+
+    >>> v = lambda z, s, rows: z * s[:, None] + rows[:, None]
+    >>> model_velocity(v, torch.ones(3, 1), torch.full((3,), 2.0), torch.arange(3), chunk_size=2).flatten().tolist()
+    [2.0, 3.0, 4.0]
+    """
+    size = chunk_size or max(len(z), 1)
+    if len(z) <= size:
+        return velocity(z, sigma, rows)
+    return torch.cat([velocity(z[i:i + size], sigma[i:i + size], rows[i:i + size]) for i in range(0, len(z), size)])
+
+
+def apply_step(z: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor, step_kind: str, sde: Tensor,
+               noise: Optional[Tensor] = None, noise_level: float | Tensor = 0.7) -> StepOutput:
+    """One step of every row from its model output ``v``: ``step_kind``'s SDE where ``sde [M]`` is True, its
+    deterministic form (:func:`~flowrl.sampling.steps.ode_kind`) elsewhere. Only the ``z_next`` and ``log_prob`` of
+    the result are per row; ``mean`` and ``std`` are the SDE's where any row branches.
+
+    >>> out = apply_step(torch.zeros(2, 1), torch.ones(2, 1), torch.ones(2), torch.full((2,), 0.5), "flow_grpo",
+    ...                  torch.tensor([False, True]), noise=torch.zeros(2, 1))
+    >>> out.z_next.flatten().tolist(), out.log_prob[0].item()  # the ODE row: z - 0.5 v; the SDE row: its mean
+    ([-0.5, -0.5], 0.0)
+    """
+    sde = sde.cpu()
+    kinds = ((get_step(step_kind), bool(sde.any())), (get_step(ode_kind(step_kind)), not bool(sde.all())))
+    outs = [step(z, v, sigma, sigma_next, noise=noise, noise_level=noise_level) for step, needed in kinds if needed]
+    if len(outs) == 1:
+        return outs[0]
+    pick = sde.to(z.device)  # a step on which some rows branch (SDE) and others follow the ODE
+    return StepOutput(z_next=torch.where(pick.view(-1, *[1] * (z.dim() - 1)), outs[0].z_next, outs[1].z_next),
+                      mean=outs[0].mean, std=outs[0].std,
+                      log_prob=torch.where(pick, outs[0].log_prob, outs[1].log_prob))
+
+
 @torch.no_grad()
-def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int, noise: Tensor,
-                step_kind: str = "flow_grpo", sde_mask: Optional[Tensor] = None,
-                noise_level: float | Tensor = 0.7, velocities: Optional[list[Tensor]] = None) -> tuple[Tensor, Tensor]:
-    """Continue trajectories from latents ``z [B, ...]`` at step ``start`` of ``sigmas`` for ``n`` steps.
+def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int = 0, noise: Optional[Tensor] = None,
+                step_kind: str = "flow_grpo", sde_mask: Optional[Tensor] = None, noise_level: float | Tensor = 0.7,
+                velocities: Optional[list[Tensor]] = None, rows: Optional[Tensor] = None,
+                steps: Optional[Tensor] = None, chunk_size: Optional[int] = None,
+                keep_states: bool = True) -> tuple[Tensor, Tensor]:
+    """Continue trajectories from states ``z [R, ...]`` at step ``start`` for ``n`` steps.
 
     Args:
         velocity: the bound model (see :data:`VelocityFn`).
-        z: ``[B, *latent_shape]`` the states at step ``start``.
-        sigmas: ``[T + 1]`` the schedule (shared by the rows). start: the step ``z`` is at.
-        noise: ``[B, n, *latent_shape]`` the noise of steps ``start .. start + n - 1`` (ignored on ODE steps).
+        z: ``[R, *latent_shape]`` the states at step ``start``.
+        sigmas: ``[T + 1]`` the schedule every row follows, or ``[R, S + 1]`` one per row (an ODE completion's
+            remaining schedule). start: the step ``z`` is at.
+        noise: ``[R, n, *latent_shape]`` the noise of steps ``start .. start + n - 1`` (ignored on ODE steps); None:
+            the ODE on every step.
         step_kind: the SDE step; where ``sde_mask`` is False its deterministic form (``ode_kind``) runs instead.
-        sde_mask: ``[n]`` or ``[B, n]`` bool, per step or per row and step; None: the SDE on every step.
+        sde_mask: ``[n]`` or ``[R, n]`` bool, per step or per row and step; None: the SDE on every step (the ODE
+            without ``noise``).
         noise_level: a float or ``[T]`` per schedule step (e.g. calibrated noise).
         velocities: a list that receives the model output of each step (for estimates that reuse it).
+        rows: ``[R]`` long, the conditioning row of each state (None: row ``i`` by row ``i``).
+        steps: ``[R]`` long, the steps each row takes (None: ``n`` each, ``n`` being ``noise``'s, else the rest of
+            the schedule); a row that has taken its steps is left out of later model calls.
+        chunk_size: at most this many rows per model call (None: every active row at once).
+        keep_states: return every state, or only each row's last (``[R, 1, ...]``).
     Returns:
-        latents ``[B, n + 1, *latent_shape]`` (``z`` first) and log_probs ``[B, n]`` (float32, 0 on ODE steps).
+        latents ``[R, n + 1, *latent_shape]`` (``z`` first) and log_probs ``[R, n]`` (float32, 0 on ODE steps and
+        after a row's last step).
     """
-    batch, n = z.shape[0], noise.shape[1]
-    levels = torch.as_tensor(noise_level, dtype=torch.float32).expand(sigmas.numel() - 1)
-    mask = torch.ones(n, dtype=torch.bool) if sde_mask is None else sde_mask
+    batch = z.shape[0]
+    if steps is not None:
+        n = int(steps.max()) if batch else 0
+    else:
+        n = noise.shape[1] if noise is not None else sigmas.shape[-1] - 1 - start
+    levels = torch.as_tensor(noise_level, dtype=torch.float32).expand(sigmas.shape[-1] - 1)
+    mask = torch.full((n,), noise is not None, dtype=torch.bool) if sde_mask is None else sde_mask
     mask = mask.expand(batch, n).cpu()
-    sde, ode = get_step(step_kind), get_step(ode_kind(step_kind))
-    latents = torch.empty((batch, n + 1, *z.shape[1:]), device=z.device, dtype=z.dtype)
-    log_probs = torch.zeros(batch, n, device=z.device)
+    rows = torch.arange(batch, device=z.device) if rows is None else rows
+    latents = torch.empty((batch, n + 1 if keep_states else 1, *z.shape[1:]), device=z.device, dtype=z.dtype)
     latents[:, 0] = z
+    log_probs = torch.zeros(batch, n, device=z.device)
     for i in range(n):
         k = start + i
-        sigma, sigma_next = sigmas[k].expand(batch).to(z.device), sigmas[k + 1].expand(batch).to(z.device)
-        v = velocity(z, sigma)
+        active = torch.arange(batch) if steps is None else (steps.cpu() > i).nonzero().squeeze(1)
+        every = len(active) == batch  # then the whole batch goes in, as it is
+        if sigmas.ndim == 2:  # each row's own schedule
+            sigma, sigma_next = sigmas[active.to(sigmas.device), k], sigmas[active.to(sigmas.device), k + 1]
+        else:
+            sigma, sigma_next = sigmas[k].expand(len(active)), sigmas[k + 1].expand(len(active))
+        sigma, sigma_next = sigma.to(z.device), sigma_next.to(z.device)
+        here = active.to(z.device)
+        z_in = z if every else z[here]
+        v = model_velocity(velocity, z_in, sigma, rows if every else rows[active.to(rows.device)], chunk_size)
         if velocities is not None:
             velocities.append(v)
-        rows = mask[:, i]
-        outs = [step(z, v, sigma, sigma_next, noise=noise[:, i], noise_level=levels[k])
-                for step, needed in ((sde, rows.any()), (ode, not rows.all())) if needed]
-        if len(outs) == 1:
-            z_next, log_prob = outs[0].z_next, outs[0].log_prob
-        else:  # a step on which some rows branch (SDE) and others follow the ODE
-            pick = rows.to(z.device)
-            z_next = torch.where(pick.view(-1, *[1] * (z.dim() - 1)), outs[0].z_next, outs[1].z_next)
-            log_prob = torch.where(pick, outs[0].log_prob, outs[1].log_prob)
-        z = latents[:, i + 1] = z_next
-        log_probs[:, i] = log_prob
+        step_noise = None if noise is None else noise[:, i] if every else noise[active.to(noise.device), i]
+        out = apply_step(z_in, v, sigma, sigma_next, step_kind, mask[active, i], step_noise, levels[k])
+        z = out.z_next if every else z.index_put((here,), out.z_next.to(z.dtype))
+        if keep_states:
+            latents[:, i + 1] = z
+        log_probs[here, i] = out.log_prob
+    if not keep_states:
+        latents[:, 0] = z
     return latents, log_probs
 
 

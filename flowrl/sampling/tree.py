@@ -31,9 +31,9 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from flowrl.sampling.ode_complete import RowVelocityFn, ode_complete
-from flowrl.sampling.sampler import branch_seed, seeded_noise
-from flowrl.sampling.steps import get_step, ode_kind
+from flowrl.sampling.ode_complete import ode_complete
+from flowrl.sampling.sampler import VelocityFn, apply_step, branch_seed, model_velocity, seeded_noise
+from flowrl.sampling.steps import ode_kind
 
 _STEP, _SIDE = 1 << 40, 1 << 41  # path markers: a step's noise, a side branch (never equal to a child index)
 
@@ -67,6 +67,25 @@ class TreeShape:
             side += frontier * self.side[k]
             frontier *= self.splits[k]
         return side + (frontier if self.frontier_leaves else 0)
+
+    def evaluations(self, completion_steps: Optional[int] = None) -> int:
+        """Model evaluations per tree (a CFG pair counted once): one per frontier node and step, plus each leaf's ODE
+        completion, ``min(completion_steps, T - start)`` steps from where it leaves the frontier.
+
+        >>> TreeShape(splits=(1, 2, 2), sde=(False, True, True), noise_scale=(1.0,) * 3, side=(0,) * 3,
+        ...           stop=3).evaluations()  # 1 + 1 + 2 frontier nodes, no completion
+        4
+        >>> TreeShape(splits=(1,) * 4, sde=(False,) * 4, noise_scale=(1.0,) * 4, side=(2, 2, 0, 0), stop=2,
+        ...           frontier_leaves=False).evaluations()  # trunk 2 + side branches: 2 x 3 (from 1) + 2 x 2 (from 2)
+        12
+        """
+        T = len(self.splits)
+        steps = lambda start: min(completion_steps or T, T - start)  # noqa: E731
+        frontier, total = 1, 0
+        for k in range(self.stop):
+            total += frontier + frontier * self.side[k] * steps(k + 1)
+            frontier *= self.splits[k]
+        return total + (frontier * steps(self.stop) if self.frontier_leaves else 0)
 
 
 @dataclass
@@ -104,7 +123,7 @@ def _ids(seeds: Tensor, paths: Sequence[Sequence[int]]) -> Tensor:
 
 
 @torch.no_grad()
-def sample_trees(velocity: RowVelocityFn, seeds: Tensor, latent_shape: Sequence[int], sigmas: Tensor,
+def sample_trees(velocity: VelocityFn, seeds: Tensor, latent_shape: Sequence[int], sigmas: Tensor,
                  shape: TreeShape, step_kind: str = "flow_grpo", noise_level: float | Tensor = 0.7,
                  completion_steps: Optional[int] = None, chunk_size: Optional[int] = None,
                  device: torch.device | str = "cpu") -> Trees:
@@ -118,7 +137,6 @@ def sample_trees(velocity: RowVelocityFn, seeds: Tensor, latent_shape: Sequence[
     """
     T, P = sigmas.numel() - 1, seeds.numel()
     levels = torch.as_tensor(noise_level, dtype=torch.float32).expand(T) * torch.tensor(shape.noise_scale)
-    sde, ode = get_step(step_kind), get_step(ode_kind(step_kind))
     store: list[Tensor] = []
     z0 = seeded_noise(seeds, latent_shape, T + 1, device)[:, 0]  # as `sample` draws it: the trunk is its ODE sample
     history = {"node": torch.zeros(P, T, dtype=torch.long), "lp": torch.zeros(P, T), "sde": torch.zeros(P, T).bool(),
@@ -134,21 +152,18 @@ def sample_trees(velocity: RowVelocityFn, seeds: Tensor, latent_shape: Sequence[
     for k in range(shape.stop):
         sigma, sigma_next = sigmas[k].to(device), sigmas[k + 1].to(device)
         n = len(frontier.paths)
-        size = chunk_size or n
-        v = torch.cat([velocity(frontier.z[i:i + size], sigma.expand(min(size, n - i)), frontier.tree[i:i + size])
-                       for i in range(0, n, size)])
-        evaluations += n
+        v = model_velocity(velocity, frontier.z, sigma.expand(n), frontier.tree, chunk_size)  # once for the node's
+        evaluations += n  # children and side branches alike
         tree_seeds = seeds[frontier.tree]
         for j in range(shape.side[k]):  # one-step SDE branches off z_k, reusing v
             paths = [p + (_SIDE + k * 1024 + j,) for p in frontier.paths]
-            child = _advance(frontier, v, k, paths, sde, sigma, sigma_next, levels[k], tree_seeds, store, True)
+            child = _advance(frontier, v, k, paths, step_kind, sigma, sigma_next, levels[k], tree_seeds, store, True)
             pending.append((child, k + 1))
         children = []
         for c in range(shape.splits[k]):
             paths = [p + (c,) for p in frontier.paths] if shape.splits[k] > 1 else frontier.paths
-            step = sde if shape.sde[k] else ode
-            children.append(_advance(frontier, v, k, paths, step, sigma, sigma_next, levels[k], tree_seeds, store,
-                                     shape.sde[k], new_node=shape.splits[k] > 1))
+            children.append(_advance(frontier, v, k, paths, step_kind, sigma, sigma_next, levels[k], tree_seeds,
+                                     store, shape.sde[k], new_node=shape.splits[k] > 1))
         frontier = _merge(children) if len(children) > 1 else children[0]
     if shape.frontier_leaves and shape.stop == T:
         finished.append(frontier)
@@ -162,14 +177,16 @@ def sample_trees(velocity: RowVelocityFn, seeds: Tensor, latent_shape: Sequence[
                  evaluations=evaluations + completion_evals)
 
 
-def _advance(frontier: _Frontier, v: Tensor, k: int, paths: list[tuple], step, sigma: Tensor, sigma_next: Tensor,
-             level: Tensor, tree_seeds: Tensor, store: list[Tensor], stochastic: bool,
+def _advance(frontier: _Frontier, v: Tensor, k: int, paths: list[tuple], step_kind: str, sigma: Tensor,
+             sigma_next: Tensor, level: Tensor, tree_seeds: Tensor, store: list[Tensor], stochastic: bool,
              new_node: bool = True) -> _Frontier:
-    """Every frontier node takes step ``k`` along ``paths`` (a new node per path unless ``new_node`` is False)."""
+    """Every frontier node takes step ``k`` (the SDE if ``stochastic``, else its ODE) from its model output ``v``
+    along ``paths`` (a new node per path unless ``new_node`` is False)."""
     n = len(paths)
     noise = seeded_noise(_ids(tree_seeds, [p + (_STEP + k,) for p in paths]), frontier.z.shape[1:], 1,
                          frontier.z.device)[:, 0]
-    out = step(frontier.z, v, sigma.expand(n), sigma_next.expand(n), noise=noise, noise_level=level)
+    out = apply_step(frontier.z, v, sigma.expand(n), sigma_next.expand(n), step_kind,
+                     torch.full((n,), stochastic), noise, level)
     child = frontier.pick(torch.arange(n))
     child.z, child.paths = out.z_next, list(paths)
     child.node = _ids(tree_seeds, paths) if new_node else frontier.node.clone()
@@ -190,7 +207,7 @@ def _merge(parts: list[_Frontier]) -> _Frontier:
     return joined.pick(order)
 
 
-def _complete(pending: list[tuple[_Frontier, int]], finished: list[_Frontier], velocity: RowVelocityFn,
+def _complete(pending: list[tuple[_Frontier, int]], finished: list[_Frontier], velocity: VelocityFn,
               sigmas: Tensor, seeds: Tensor, completion_steps: Optional[int], chunk_size: Optional[int],
               step_kind: str, store: list[Tensor]) -> _Frontier:
     """The leaves, in order (side branches by step, then the frontier), the pending ones completed with the ODE in

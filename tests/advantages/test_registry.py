@@ -103,7 +103,8 @@ def test_register_refuses_duplicates_and_preset_names():
 
 
 def test_grpo_loop_checks_the_estimator_before_loading():
-    from flowrl.methods.options import policy_gradient_problems
+    from flowrl.methods import FlowGRPO
+    from flowrl.methods.option_surface import option_problems
 
-    problems = policy_gradient_problems(advantage="rloo@trl", advantage_options={"eps": 1e-4})
+    problems = option_problems(FlowGRPO, advantage="rloo@trl", advantage_options={"eps": 1e-4})
     assert any("rloo@trl has no option 'eps'; its options are ['clip', 'singleton']" in p for p in problems)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrl.sharded_checkpoint import load_consolidated
+from flowrl.strategies.sharded_checkpoint import load_consolidated
 from tests.cli.test_ddp_configs import finish, fit, one_process, summary, two_nodes
 from tests.cli.test_fit import assert_two_ranks_equal_one, fit_args, load_steps, run_cli
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.cli import main
-from flowrl.log_versions import reserve_version
+from flowrl.cli.log_versions import reserve_version
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("plot_rewards", ROOT / "scripts" / "plot_rewards.py")

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Trainer
 
 from flowrl.cli import main
-from flowrl.methods.fsdp2_strategy import FSDP2Strategy
+from flowrl.strategies.fsdp2 import FSDP2Strategy
 from tests.cli.test_ddp_configs import ROOT
 from tests.cli.test_fit import CONFIG
 

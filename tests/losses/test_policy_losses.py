@@ -143,7 +143,22 @@ def test_unknown_names_and_options_fail_clearly():
         losses.check_policy_loss("vanilla", clip_low="a")
     with pytest.raises(ValueError, match="must share one"):
         losses.policy_loss("vanilla", x, torch.zeros(1, 2), x, mask)
-    assert losses.available_policy_losses() == ["cispo", "gpg", "gspo", "sapo", "vanilla"]
+    assert losses.available_policy_losses() == ["cispo", "gpg", "gspo", "sapo", "vanilla", "vanilla@tree_rpo"]
+
+
+def test_a_preset_names_a_methods_clip_and_its_bounds_scale_with_the_clip_range():
+    # vanilla@tree_rpo: eps(A) = clamp(eps (1 + |A|), eps / 2, 3 eps); A = 4, eps = 0.1: 0.5 clamped to 0.3, so a
+    # ratio of 1.5 is clipped to 1.3 and the loss is -4 * 1.3; the same with absolute bounds [0.05, 0.3]
+    name, options = losses.resolve_policy_loss("vanilla@tree_rpo", clip_low=0.1)
+    assert name == "vanilla" and options["clip_bounds_scale"] == (0.5, 3.0)
+    ratio, adv, mask = torch.tensor([[1.5]]).log(), torch.full((1, 1), 4.0), ONE
+    loss, _ = losses.policy_loss(name, ratio, torch.zeros(1, 1), adv, mask, **options)
+    assert loss.item() == pytest.approx(-4 * 1.3)
+    absolute, _ = losses.policy_loss("vanilla", ratio, torch.zeros(1, 1), adv, mask, clip_low=0.1, clip_eta=1.0,
+                                     clip_bounds=(0.05, 0.3))
+    assert absolute.item() == pytest.approx(loss.item())
+    with pytest.raises(ValueError, match="clip_bounds_scale=.* must be null or"):
+        losses.resolve_policy_loss("vanilla@tree_rpo", clip_bounds_scale=(3.0, 0.5))
 
 
 def test_reward_conditioned_clip_widens_with_the_advantage_within_its_bounds():

@@ -96,7 +96,7 @@ def test_grpo_step_on_a_denoising_rollout(tiny_model_dir):
     sigmas = policy.sigmas(num_steps)
     with torch.no_grad():
         cond = policy.encode(prompts)
-        velocity = lambda z, s: policy.velocity(z, s, cond, 1.0)  # noqa: E731
+        velocity = lambda z, s, rows: policy.velocity(z, s, cond, 1.0)  # noqa: E731
         latents, log_probs = sample(velocity, seeds, sigmas, policy.latent_shape(), kind, level)
     train = trained_steps(sde_steps(num_steps, kind), 0.99, sigmas, kind).expand(len(prompts), -1).clone()
     rollout = Rollout(prompts=prompts, group_ids=group_ids, seeds=seeds, latents=latents, log_probs=log_probs,

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from flowrl.methods import FlowGRPO
-from flowrl.methods.ppo_update import PPOUpdate
+from flowrl.training.ppo_update import PPOUpdate
 
 
 class NaNGradient(torch.autograd.Function):
@@ -24,17 +24,18 @@ class NaNGradient(torch.autograd.Function):
 
 
 class NonFinitePPO(PPOUpdate):
-    """The PPO update whose loss turns NaN where its host says."""
+    """The PPO update whose loss turns NaN while ``poison`` says how (``loss``, ``loss_only``, ``gradient``)."""
 
-    def pair_loss(self, host, *args, **kwargs):
-        loss, stats = super().pair_loss(host, *args, **kwargs)
-        if host.batch in host.nan_batches and host.trainer.global_rank in host.nan_ranks:
-            if host.nan_in == "loss":
-                loss = loss + float("nan")
-            elif host.nan_in == "loss_only":  # a NaN value whose gradient is finite (0)
-                loss = loss * 0 + float("nan")
-            else:
-                loss = NaNGradient.apply(loss)
+    poison: Optional[str] = None
+
+    def pair_loss(self, *args, **kwargs):
+        loss, stats = super().pair_loss(*args, **kwargs)
+        if self.poison == "loss":
+            loss = loss + float("nan")
+        elif self.poison == "loss_only":  # a NaN value whose gradient is finite (0)
+            loss = loss * 0 + float("nan")
+        elif self.poison == "gradient":
+            loss = NaNGradient.apply(loss)
         return loss, stats
 
 
@@ -49,6 +50,8 @@ class NonFiniteFlowGRPO(FlowGRPO):
 
     def training_step(self, batch, batch_idx):
         self.batch = self.trainer.fit_loop.total_batch_idx
+        hit = self.batch in self.nan_batches and self.trainer.global_rank in self.nan_ranks
+        self.ppo.poison = self.nan_in if hit else None
         return super().training_step(batch, batch_idx)
 
 

@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from flowrl.cli import main
 from flowrl.data import PromptDataModule
 from flowrl.methods import DenseGRPO
+from flowrl.methods.batch import Batch
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.rewards import JpegIncompressibility
 from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
@@ -44,23 +45,24 @@ def test_worked_example_dense_rewards_and_advantages(policy):
                        advantage_options={"eps": 0.0, "ddof": 0, "std_scope": "group"})
     rollout = fake_rollout(R)
     valid = torch.ones(3, dtype=torch.bool)
-    d_r = module.step_rewards(rollout, R[:, -1], valid)
+    credit = module.apply_hooks(Batch.of(rollout, total=R[:, -1], valid=valid))
+    d_r = credit.step_rewards
     assert torch.allclose(d_r, torch.tensor([[0.10, 0.05, 0.15], [-0.05, 0.25, -0.10], [0.05, -0.05, 0.05]]),
                           atol=1e-6)
-    adv = module.advantages(rollout, d_r, valid)
+    adv = credit.advantages
     # step 0: dR (0.10, -0.05, 0.05), mean 0.03333, population std 0.06236 -> (1.0690, -1.3363, 0.2673)
     expected = torch.tensor([[1.0690, -0.2673, 1.1355], [-1.3363, 1.3363, -1.2978], [0.2673, -1.0690, 0.1622]])
     assert torch.allclose(adv, expected, atol=1e-4)
     # the method's default numerics (Flow-GRPO's +1e-4, population std) give the notes' second set of numbers
     default = DenseGRPO(policy, num_steps=3, timestep_fraction=1.0, calibration=None)
-    adv = default.advantages(rollout, d_r, valid)
+    adv = default.apply_hooks(Batch.of(rollout, total=R[:, -1], valid=valid)).advantages
     assert torch.allclose(adv[:, 0], torch.tensor([1.0673, -1.3342, 0.2668]), atol=1e-4)
 
 
 def test_step_rewards_telescope_to_final_minus_first(policy):
     module = DenseGRPO(policy, num_steps=5, calibration=None)
     rewards = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
-    d_r = module.step_rewards(fake_rollout(rewards), rewards[:, -1], torch.ones(4, dtype=torch.bool))
+    d_r = module.step_rewards(Batch.of(fake_rollout(rewards), total=rewards[:, -1], valid=torch.ones(4).bool()))
     assert torch.allclose(d_r.sum(1), rewards[:, -1] - rewards[:, 0], atol=1e-6)
 
 

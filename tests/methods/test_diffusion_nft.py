@@ -9,7 +9,7 @@ import torch
 from flowrl.cli import main
 from flowrl.losses.nft import nft_loss
 from flowrl.methods import DiffusionNFT
-from flowrl.methods.adapter_steps import follow
+from flowrl.training.adapter_steps import follow
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.policies.base import adapter_of
 from flowrl.sampling.sampler import branch_seed, seeded_noise

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from flowrl.methods import TreeRPO
-from flowrl.methods.layer_tuning import best_path_mask
+from flowrl.methods.batch import Batch
+from flowrl.losses.layer_tuning import best_path_mask
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from tests.cli.test_fit import load_steps, run_cli
 from tests.methods.counting import counted_rollout
@@ -25,13 +26,13 @@ def tree(tiny_model_dir):
     rewards = torch.linspace(0, 1, rollout.batch_size)[torch.randperm(rollout.batch_size,
                                                                      generator=torch.Generator().manual_seed(0))]
     valid = torch.ones(rollout.batch_size, dtype=torch.bool)
-    advantages = method.advantages(rollout, method.step_rewards(rollout, rewards, valid), valid)
+    advantages = method.apply_hooks(Batch.of(rollout, total=rewards, valid=valid)).advantages
     return method, rollout, rewards, valid, advantages
 
 
 def test_the_best_leafs_path_gets_lambda_times_its_positive_advantages(tree):
     method, rollout, rewards, valid, advantages = tree
-    weights = method.supervised_weights(rollout, rewards, valid, advantages)
+    weights = method.supervised_weights(Batch.of(rollout, total=rewards, valid=valid, advantages=advantages))
     on_path = best_path_mask(rollout.node_ids, rewards, rollout.seeds, valid)
     for seed in rollout.seeds.unique():  # one tree per seed: 8 leaves, the best one's row holds its whole path
         rows = rollout.seeds == seed
@@ -43,18 +44,18 @@ def test_the_best_leafs_path_gets_lambda_times_its_positive_advantages(tree):
     assert torch.equal(weights, 0.5 * advantages.clamp(min=0) * on_path)
     assert (weights > 0).sum() > 0 and (weights[~on_path] == 0).all()
     assert method.__class__(method.policy, num_steps=6, window_start=1, window_size=3).supervised_weights(
-        rollout, rewards, valid, advantages) is None  # off by default
+        Batch.of(rollout, total=rewards, valid=valid, advantages=advantages)) is None  # off by default
 
 
 def test_the_term_is_minus_w_log_p_in_the_updates_loss(tree):
     method, rollout, rewards, valid, advantages = tree
-    weights = method.supervised_weights(rollout, rewards, valid, advantages)
+    weights = method.supervised_weights(Batch.of(rollout, total=rewards, valid=valid, advantages=advantages))
     cond = method.policy.encode(BATCH["prompts"])
     pairs = rollout.trained_once().nonzero()
     ones = torch.ones_like(advantages)
     with torch.no_grad():
-        plain, _ = method.ppo.pair_loss(method, rollout, cond, advantages, ones, pairs)
-        both, metrics = method.ppo.pair_loss(method, rollout, cond, advantages, ones, pairs, weights)
+        plain, _ = method.pair_loss(rollout, cond, advantages, ones, pairs)
+        both, metrics = method.pair_loss(rollout, cond, advantages, ones, pairs, weights)
         log_p = method.transition(rollout, cond, pairs).log_prob
     term = -(weights[pairs[:, 0], pairs[:, 1]] * log_p)
     assert both.item() == pytest.approx(plain.item() + term.mean().item(), rel=1e-5)
@@ -70,7 +71,7 @@ def test_a_step_on_the_term_alone_raises_the_best_paths_likelihood(tree):
     optimizer = torch.optim.SGD(params, lr=10.0)  # LoRA B starts at 0: a first step moves the output little
     before = method.transition(rollout, cond, pairs).log_prob.detach()
     zero = torch.zeros_like(advantages)  # no policy-gradient signal: only the supervised term moves the weights
-    loss, _ = method.ppo.pair_loss(method, rollout, cond, zero, torch.ones_like(zero), pairs, on_path.float())
+    loss, _ = method.pair_loss(rollout, cond, zero, torch.ones_like(zero), pairs, on_path.float())
     loss.backward()
     optimizer.step()
     after = method.transition(rollout, cond, pairs).log_prob.detach()

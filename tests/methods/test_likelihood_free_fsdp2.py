@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from flowrl.sharded_checkpoint import load_consolidated
+from flowrl.strategies.sharded_checkpoint import load_consolidated
 from tests.cli.test_fit import load_steps, run_cli
 from tests.methods.likelihood_free import CHECKPOINTS, ROOT, assert_export_matches_pipeline, shrunk
 from tests.policies.conftest import sd3_dir  # noqa: F401  the tiny SD3 pipeline fixture

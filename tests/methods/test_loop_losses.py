@@ -7,18 +7,18 @@ import pytest
 import torch
 
 from flowrl.methods import FlowGRPO
-from flowrl.methods.options import policy_gradient_problems as option_problems
+from flowrl.methods.option_surface import option_problems
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 
 
 def test_loss_options_are_checked_with_the_key_named():
-    assert option_problems(loss="gpg", clip_range=0.2) == []  # gpg has no clip: clip_range is not passed to it
-    assert option_problems(loss="vanilla", loss_options={"clip_high": 0.28, "dual_clip": 3.0}) == []
-    [problem] = option_problems(loss="ppo2")
+    assert option_problems(FlowGRPO, loss="gpg", clip_range=0.2) == []  # gpg has no clip: clip_range is not passed to it
+    assert option_problems(FlowGRPO, loss="vanilla", loss_options={"clip_high": 0.28, "dual_clip": 3.0}) == []
+    [problem] = option_problems(FlowGRPO, loss="ppo2")
     assert problem.startswith("model.loss='ppo2': choose a policy loss from ['cispo', 'gpg', 'gspo'")
-    [problem] = option_problems(loss="vanilla", loss_options={"clip_hihg": 0.28})
+    [problem] = option_problems(FlowGRPO, loss="vanilla", loss_options={"clip_hihg": 0.28})
     assert problem.startswith("model.loss_options: policy loss 'vanilla' has no option 'clip_hihg'")
-    [problem] = option_problems(loss="sapo", loss_options={"tau_neg": 0})
+    [problem] = option_problems(FlowGRPO, loss="sapo", loss_options={"tau_neg": 0})
     assert "tau_neg=0 must be a number > 0" in problem
 
 
@@ -62,13 +62,13 @@ def test_gspo_pair_loss_sees_each_samples_geometric_mean_ratio(policy):
     rollout.log_probs[:, 2] -= 0.3  # log r = (0, 0, 0.3) at the three steps of both samples
     advantages, weights = torch.ones(2, 3), torch.ones(2, 3)
     pairs = rollout.train_mask.nonzero()
-    loss, metrics = loop.ppo.pair_loss(loop, rollout, cond, advantages, weights, pairs)
+    loss, metrics = loop.pair_loss(rollout, cond, advantages, weights, pairs)
     # s = exp(mean(0, 0, 0.3)) = exp(0.1) = 1.105171 at every pair; loss = mean(-A s) (inside the 0.5 clip)
     assert metrics["ratio_min"] == pytest.approx(math.exp(0.1), abs=1e-4)
     assert metrics["ratio_max"] == pytest.approx(math.exp(0.1), abs=1e-4)
     assert loss.item() == pytest.approx(-math.exp(0.1), abs=1e-4)
     # per position (vanilla) the same pairs have ratios 1, 1, exp(0.3): loss -(1 + 1 + 1.349859) / 3
     loop.ppo.loss, loop.ppo.loss_options = "vanilla", {"clip_low": 0.5}
-    loss, metrics = loop.ppo.pair_loss(loop, rollout, cond, advantages, weights, pairs)
+    loss, metrics = loop.pair_loss(rollout, cond, advantages, weights, pairs)
     assert metrics["ratio_max"] == pytest.approx(math.exp(0.3), abs=1e-4)
     assert loss.item() == pytest.approx(-(2 + math.exp(0.3)) / 3, abs=1e-4)

@@ -57,7 +57,7 @@ def test_a_nonfinite_step_is_skipped_counted_and_training_goes_on(tiny_model_dir
     assert any(last[n].any() for n in lora_b)  # batches 1 and 2 trained
     assert len(module.weights) == 3 and module.global_step == 2  # the skipped step did not count towards max_steps
     assert [v for _, v in logged(tmp_path, "train/nonfinite_steps")] == [1.0, 0.0, 0.0]
-    assert module.nonfinite_in_a_row == 0
+    assert module.nonfinite.in_a_row == 0
 
 
 @pytest.mark.parametrize("nan_in, quantity", [("loss", "the loss"), ("gradient", "the gradient norm")])

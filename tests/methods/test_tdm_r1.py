@@ -8,7 +8,7 @@ import torch
 
 from flowrl.cli import main
 from flowrl.methods import TDMR1
-from flowrl.methods.adapter_steps import follow
+from flowrl.training.adapter_steps import follow
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.policies.base import adapter_of
 from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli

@@ -11,7 +11,8 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from flowrl import advantages as adv_lib
 from flowrl.cli import main
 from flowrl.methods import BranchGRPO, TempFlowGRPO, TreeRPO
-from flowrl.methods.tempflow_grpo import TEMPFLOW_ADVANTAGE_OPTIONS, noise_aware_weights
+from flowrl.methods.option_surface import declared_options
+from flowrl.methods.tempflow_grpo import noise_aware_weights
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.sampling.sampler import sample
 from flowrl.sampling.steps import get_step
@@ -64,7 +65,8 @@ def test_tempflow_worked_example_advantages_and_noise_aware_weights():
     rewards[:, 0] = torch.tensor([0.8, 0.6, 0.7, 0.9, 0.5, 0.7])
     mask = torch.zeros(6, 2, dtype=torch.bool)
     mask[:, 0] = True
-    adv = adv_lib.compute("step_grpo", rewards, mask, torch.zeros(6, dtype=torch.long), **TEMPFLOW_ADVANTAGE_OPTIONS)
+    default = declared_options(TempFlowGRPO)["advantage"]  # the method's own default: step_grpo@flow_grpo
+    adv = adv_lib.compute(default, rewards, mask, torch.zeros(6, dtype=torch.long))
     assert torch.allclose(adv[:, 0], torch.tensor([0.774, -0.774, 0.0, 1.548, -1.548, 0.0]), atol=1e-3)
     # SD3.5-M's schedule (T=10, shift 3), a = 0.7: the normaliser 1 / mean(s_k sqrt(dt_k)) = 2.2522
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from flowrl import advantages
-from flowrl.methods.turning_points import (aggregated_rewards, balance, incremental_rewards, tp_step_rewards,
+from flowrl.advantages.turning_points import (aggregated_rewards, balance, incremental_rewards, tp_step_rewards,
                                            turning_points)
 
 EX1 = [0.50, 0.45, 0.60, 0.55, 0.70]  # rising trend, TP at j=1

@@ -11,7 +11,8 @@ from diffusers import DDIMScheduler, StableDiffusionPipeline
 
 from flowrl.cli import main
 from flowrl.methods import FlowGRPO
-from flowrl.methods.options import policy_gradient_problems as option_problems
+from flowrl.methods import FlowGRPO
+from flowrl.methods.option_surface import option_problems
 from flowrl.policies import LoraOptions, SD15Policy
 from flowrl.sampling.steps import ddim_step
 from flowrl.sampling.sampler import seeded_noise
@@ -94,12 +95,12 @@ def test_ddim_rollout_replays_through_the_policy(sd15_dir):
 
 def test_step_kind_must_read_what_the_policy_predicts(tmp_path):
     sd15_config = {"class_path": "flowrl.policies.SD15Policy", "init_args": {"model": str(tmp_path / "nope")}}
-    [problem] = option_problems(step_kind="flow_grpo", policy=sd15_config)
+    [problem] = option_problems(FlowGRPO, step_kind="flow_grpo", policy=sd15_config)
     assert "reads the model output as a velocity, but the policy predicts epsilon" in problem and "['ddim']" in problem
-    [problem] = option_problems(step_kind="ddim", policy={"class_path": "flowrl.policies.TinyFlowPolicy"})
+    [problem] = option_problems(FlowGRPO, step_kind="ddim", policy={"class_path": "flowrl.policies.TinyFlowPolicy"})
     assert "predicts velocity; choose a step kind from ['cps', 'dance', 'flow_grpo']" in problem
-    assert option_problems(step_kind="ddim_ode", policy=sd15_config)  # deterministic: nothing to train
-    assert not option_problems(step_kind="ddim", policy=sd15_config)
+    assert option_problems(FlowGRPO, step_kind="ddim_ode", policy=sd15_config)  # deterministic: nothing to train
+    assert not option_problems(FlowGRPO, step_kind="ddim", policy=sd15_config)
     # through the CLI, before the (missing) model would load
     with pytest.raises(SystemExit, match="model.step_kind='flow_grpo' reads the model output as a velocity"):
         main(["fit", "--config", str(HERE / "fit_sd15.yaml"), "--model.init_args.step_kind=flow_grpo",

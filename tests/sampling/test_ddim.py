@@ -77,7 +77,7 @@ def test_every_kind_declares_its_prediction_and_ode():
 
 def test_sampler_with_ddim_reproduces_the_scheduler_loop_and_trains_moving_steps():
     scheduler, sigmas = sd15_grid(4)
-    eps_model = lambda z, sigma: 0.3 * z + sigma.view(-1, 1, 1, 1) / 20  # noqa: E731  any fixed function
+    eps_model = lambda z, sigma, rows=None: 0.3 * z + sigma.view(-1, 1, 1, 1) / 20  # noqa: E731  any fixed function
     seeds = torch.tensor([5])
     latents, log_probs = sample(eps_model, seeds, sigmas, (1, 2, 2), "ddim", 0.0, sde_steps(4, "ddim_ode"))
     z = latents[:, 0]

@@ -41,7 +41,7 @@ def trajectories(policy):
     cond = policy.encode(prompts)
     sigmas = policy.sigmas(6)
     with torch.no_grad():
-        latents, _ = sample(lambda z, s: policy.velocity(z, s, cond, 3.0), torch.tensor([1, 2, 3]), sigmas,
+        latents, _ = sample(lambda z, s, rows: policy.velocity(z, s, cond, 3.0), torch.tensor([1, 2, 3]), sigmas,
                             policy.latent_shape(), "flow_grpo", 0.7)
     row_velocity = lambda z, s, rows: policy.velocity(z, s, cond.select(rows), 3.0)  # noqa: E731
     return prompts, cond, sigmas, latents, row_velocity
@@ -62,7 +62,7 @@ def test_batched_completions_equal_a_serial_loop_and_a_plain_euler_ode(policy, t
             serial = ode_complete(row_velocity, latents[:, k], rows, torch.full((batch,), k), sigmas)
             assert torch.allclose(out.latents[:, k], serial.latents, atol=1e-5)
             for b in range(batch):
-                one = lambda z, s: policy.velocity(z, s, cond.select([b]), 3.0)  # noqa: E731
+                one = lambda z, s, rows=None: policy.velocity(z, s, cond.select([b]), 3.0)  # noqa: E731
                 plain = euler(one, latents[b:b + 1, k], sigmas[k:])
                 assert torch.allclose(out.latents[b, k], plain[0], atol=1e-5)
 
@@ -96,7 +96,7 @@ def test_completion_steps_take_n_euler_steps_on_the_interpolated_schedule(trajec
     assert grid[0, 1].item() == pytest.approx(((sigmas[1] + sigmas[2]) / 2).item())
     out = complete_trajectories(row_velocity, latents, sigmas, completion_steps=2)
     assert out.nfe[0].tolist() == [2, 2, 2, 2, 2, 1]
-    one = lambda z, s: row_velocity(z, s, torch.zeros(1, dtype=torch.long))  # noqa: E731
+    one = lambda z, s, rows=None: row_velocity(z, s, torch.zeros(1, dtype=torch.long))  # noqa: E731
     plain = euler(one, latents[:1, 0], sigmas[[0, 3, 6]])
     assert torch.allclose(out.latents[0, 0], plain[0], atol=1e-5)
 

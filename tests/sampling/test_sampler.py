@@ -8,7 +8,7 @@ from flowrl.sampling.sampler import (branch_seed, path_noise, sample, sample_fro
 from flowrl.sampling.steps import flow_grpo_step
 
 
-def linear_velocity(z, sigma):
+def linear_velocity(z, sigma, rows=None):
     return -z + sigma.view(-1, 1, 1, 1)
 
 

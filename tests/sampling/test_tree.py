@@ -31,7 +31,7 @@ def side_branches(k=6):
 
 
 def test_a_tree_without_branches_is_the_plain_sampler():
-    plain = lambda z, s: velocity(z, s, torch.zeros(len(z)))  # noqa: E731
+    plain = lambda z, s, rows: velocity(z, s, torch.zeros(len(z)))  # noqa: E731
     line = TreeShape(splits=(1,) * T, sde=(False,) * T, noise_scale=(1.0,) * T, side=(0,) * T, stop=T)
     tree = sample_trees(velocity, torch.tensor([3]), SHAPE, SIGMAS, line)
     latents, _ = sample(plain, torch.tensor([3]), SIGMAS, SHAPE, "ode")

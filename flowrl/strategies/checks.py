@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from flowrl.sharded_checkpoint import is_sharded_checkpoint
+from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint
 
 FSDP2_CLASSES = ("FSDP2Strategy", "ModelParallelStrategy")
 DEEPSPEED_FIX = "pip install 'flowrl[deepspeed]'"

@@ -8,12 +8,13 @@ is how the tests check it. What it adds to ``ModelParallelStrategy``:
 - ``block_backward_sync`` (the loop's ``no_sync``) turns off FSDP2's gradient reduce-scatter
   (``set_requires_gradient_sync``) for the non-final micro-batches of a minibatch, as DDP's ``no_sync`` does;
 - callbacks whose state holds sharded tensors (the EMA of sharded weights) save and resume them per rank
-  (:mod:`flowrl.sharded_checkpoint`) instead of rank zero's shard only;
-- importing :mod:`flowrl.methods` registers the name ``fsdp2`` in Lightning's ``StrategyRegistry``.
+  (:mod:`flowrl.strategies.sharded_checkpoint`) instead of rank zero's shard only;
+- importing :mod:`flowrl.strategies` (as :mod:`flowrl.methods` does) registers the name ``fsdp2`` in Lightning's
+  ``StrategyRegistry``.
 
 Under FSDP2 every forward of the denoiser is a collective (its blocks are all-gathered), so every rank must run the
 same number of them: the PPO update pads a rank's micro-batches to the most any rank has (weight 0), and the checks
-before loading require equal validation batch counts (:mod:`flowrl.methods.strategy_problems`).
+before loading require equal validation batch counts (:mod:`flowrl.strategies.checks`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
 from flowrl.policies.sharding import shard_policy
-from flowrl.sharded_checkpoint import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
+from flowrl.strategies.sharded_checkpoint import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
                                        split_sharded)
 
 NAME = "fsdp2"

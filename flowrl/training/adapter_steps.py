@@ -2,7 +2,7 @@
 trained adapter, a gradient all-reduce per adapter, steps that need not count as Lightning global steps, and frozen
 adapters that trail trained ones.
 
-Every backward runs without DDP's gradient sync (``host.no_sync()``) and each adapter's gradients are averaged over
+Every backward runs without DDP's gradient sync (``steps.no_sync()``) and each adapter's gradients are averaged over
 the ranks once, just before its step (one collective, the same on every rank). DDP's own reducer expects a gradient
 for every trainable parameter at each synced backward, which a loss that trains one adapter of three never gives.
 Under FSDP2 (``fsdp2``) each backward reduce-scatters the gradients it produced instead, as the shards' gradients
@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from flowrl.methods.fsdp2_strategy import is_fsdp2
 from flowrl.policies.base import FlowPolicy, adapter_of
+from flowrl.training.steps import TrainingSteps
 
 
 def adapter_optimizers(factory: Callable, policy: FlowPolicy, adapters: list[str],
@@ -31,50 +31,35 @@ def adapter_optimizers(factory: Callable, policy: FlowPolicy, adapters: list[str
     return [factory([{"params": policy.trainable_parameters(name), **overrides.get(name, {})}]) for name in adapters]
 
 
-def backward(host, loss: Tensor) -> None:
+def backward(steps: TrainingSteps, loss: Tensor) -> None:
     """``loss.backward()`` through the strategy, without a gradient sync (see :func:`reduce_gradients`); under FSDP2
     with it: each backward reduce-scatters (averages) the gradients it produced, those of the adapter it trains."""
-    # FSDP2 keeps gradients it did not reduce unsharded, out of reach of a later all-reduce
-    if is_fsdp2(host.trainer.strategy):
-        host.manual_backward(loss)
+    if steps.sharded_gradients:  # FSDP2 keeps gradients it did not reduce unsharded, out of reach of a later all-reduce
+        steps.backward(loss)
         return
-    with host.no_sync():
-        host.manual_backward(loss)
+    with steps.no_sync():
+        steps.backward(loss)
 
 
 @torch.no_grad()
-def reduce_gradients(host, params: list[nn.Parameter]) -> None:
+def reduce_gradients(steps: TrainingSteps, params: list[nn.Parameter]) -> None:
     """Average the gradients of ``params`` over the ranks (one all-reduce); a missing gradient counts as zero.
     Under FSDP2 the backward did it."""
-    if host.trainer.world_size == 1 or not params or is_fsdp2(host.trainer.strategy):
+    if steps.world_size == 1 or not params or steps.sharded_gradients:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = host.trainer.strategy.reduce(torch.cat([g.flatten() for g in grads]), reduce_op="mean")
+    flat = steps.reduce_mean(torch.cat([g.flatten() for g in grads]))
     for p, g in zip(params, flat.split([g.numel() for g in grads])):
         p.grad = g.view_as(p).clone()
 
 
-class Uncounted:
-    """A ``LightningOptimizer`` whose ``step`` goes through the strategy without counting as a global step."""
-
-    def __init__(self, optimizer, strategy):
-        self._optimizer, self._strategy = optimizer, strategy
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
-
-    def step(self) -> Any:
-        return self._strategy.optimizer_step(self._optimizer.optimizer, closure=lambda: None)
-
-
-def adapter_step(host, optimizer, params: list[nn.Parameter], loss_finite: bool,
+def adapter_step(steps: TrainingSteps, optimizer, params: list[nn.Parameter], loss_finite: bool,
                  counted: bool = True) -> Optional[float]:
-    """Average ``params``' gradients over the ranks, then the host's checked, clipped optimizer step
-    (``finite_optimizer_step``); ``counted=False`` keeps Lightning's global step where it is. Returns the gradient
-    norm before clipping, or None for a skipped (non-finite) step."""
-    reduce_gradients(host, params)
-    step_with = optimizer if counted else Uncounted(optimizer, host.trainer.strategy)
-    return host.finite_optimizer_step(step_with, loss_finite, params)
+    """Average ``params``' gradients over the ranks, then the checked, clipped optimizer step; ``counted=False``
+    keeps the run's global step where it is. Returns the gradient norm before clipping, or None for a skipped
+    (non-finite) step."""
+    reduce_gradients(steps, params)
+    return steps.optimizer_step(optimizer, loss_finite, params, counted)
 
 
 @torch.no_grad()

@@ -12,8 +12,9 @@ import torch
 from torch import Tensor
 
 from flowrl.sampling.completion_rewards import ScoreFn, completion_rewards
-from flowrl.sampling.ode_complete import RowVelocityFn, complete_trajectories
+from flowrl.sampling.ode_complete import complete_trajectories
 from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.sampler import VelocityFn
 from flowrl.sampling.steps import get_step
 
 
@@ -28,8 +29,31 @@ class Completions:
     completion_chunk_size: Optional[int] = None
     reward_chunk_size: Optional[int] = None
 
+    def evaluations(self, starts: list[int], num_steps: int) -> int:
+        """Model evaluations of one trajectory's completions from the states ``starts`` (``T - k`` each, at most
+        ``completion_steps``; none when they reuse the sampler's velocity).
+
+        >>> Completions().evaluations(list(range(10)), 10), Completions(completion_steps=2).evaluations([0, 9], 10)
+        (55, 3)
+        """
+        if self.completion_steps == 0:
+            return 0
+        return sum(min(self.completion_steps or num_steps, num_steps - k) for k in starts)
+
+    def problems(self) -> list[str]:
+        """What makes the options impossible, each naming the key (the dense methods' option checks call it).
+
+        >>> Completions(completion_steps=-1, reward_chunk_size=0).problems()  # doctest: +NORMALIZE_WHITESPACE
+        ['model.completion_steps=-1 must be >= 0 (0: reuse the sampling velocity; null: the remaining schedule)',
+         'model.reward_chunk_size=0 must be >= 1 (or null)']
+        """
+        floors = {"completion_steps": 0, "completion_chunk_size": 1, "reward_chunk_size": 1}
+        hints = {"completion_steps": " (0: reuse the sampling velocity; null: the remaining schedule)"}
+        return [f"model.{key}={getattr(self, key)} must be >= {low}{hints.get(key, ' (or null)')}"
+                for key, low in floors.items() if getattr(self, key) is not None and getattr(self, key) < low]
+
     @torch.no_grad()
-    def score(self, rollout: Rollout, starts: Optional[Tensor], velocity: RowVelocityFn,
+    def score(self, rollout: Rollout, starts: Optional[Tensor], velocity: VelocityFn,
               decode: Callable[[Tensor], Tensor], total_score: ScoreFn, step_kind: str) -> tuple[Tensor, Tensor]:
         """``R [B, K]``, the weighted total reward of the ODE completion of each row's state ``starts[k]`` (None:
         every state before a step), and the evaluations it took per row ``[B]``.

@@ -116,10 +116,22 @@ def tp_step_rewards(rewards: Tensor, constraint: bool = True, first_step: str = 
     >>> [round(x, 2) for x in r[0].tolist()], tp[0].tolist()
     ([0.22, -0.05, 0.17, 0.02], [True, False, True, False])
     """
+    step, tp, _ = turning_point_credit(rewards, constraint, first_step, balanced, valid)
+    return step, tp
+
+
+def turning_point_credit(rewards: Tensor, constraint: bool = True, first_step: str = "consistent",
+                         balanced: bool = True, valid: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`tp_step_rewards`, and the turning points before balancing ``[B, n]`` (for the diagnostics).
+
+    >>> rewards = torch.tensor([[0.3, 0.4, 0.35, 0.5, 0.52], [0.5, 0.6, 0.4, 0.45, 0.3]])  # row 1: TPs at j = 0, 2
+    >>> _, tp, unbalanced = turning_point_credit(rewards)  # row 2: j = 1 (agg -0.3); one of each sign stays
+    >>> tp.sum().item(), unbalanced.sum().item()
+    (2, 3)
+    """
     d, agg = incremental_rewards(rewards), aggregated_rewards(rewards)
-    tp = turning_points(rewards, constraint, first_step)
+    unbalanced = turning_points(rewards, constraint, first_step)
     valid = torch.isfinite(rewards).all(1) if valid is None else valid.bool()
-    tp &= valid[:, None]
-    if balanced:
-        tp = balance(tp, agg)
-    return torch.where(tp, agg, d), tp
+    unbalanced &= valid[:, None]
+    tp = balance(unbalanced, agg) if balanced else unbalanced
+    return torch.where(tp, agg, d), tp, unbalanced

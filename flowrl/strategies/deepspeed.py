@@ -12,13 +12,13 @@ partitions during each backward and are not on ``p.grad``, and clipping is the e
 - the checked step: the gradient norm exists only once the engine has stepped, so a non-finite loss (on any rank)
   skips the step, and the logged norm is the engine's ``get_global_grad_norm()`` of the step taken.
 
-Not run on this project's CPU machines; ``tests/cli/test_deepspeed.py`` holds the GPU check.
+Not run on this project's CPU machines; ``tests/cli/test_gpu_strategies.py`` holds the GPU check.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 def deepspeed_engine(trainer) -> Optional[Any]:
@@ -37,10 +37,11 @@ def accumulating(engine):
         engine.set_gradient_accumulation_boundary(True)
 
 
-def deepspeed_step(host, engine, optimizer, loss_finite: bool) -> Optional[float]:
-    """The host's checked optimizer step under DeepSpeed (see the module docstring). Returns the engine's gradient
-    norm of the step, or None for a skipped one."""
-    if host.skip_nonfinite_step(loss_finite, 0.0):
+def deepspeed_step(engine, optimizer, skip: Callable[[bool, float], bool], loss_finite: bool) -> Optional[float]:
+    """The checked optimizer step under DeepSpeed (see the module docstring): ``skip(loss_finite, grad_norm)`` decides
+    (on every rank alike) whether to skip it; the norm is known only after the engine's step, so only the loss is
+    judged here. Returns the engine's gradient norm of the step, or None for a skipped one."""
+    if skip(loss_finite, 0.0):
         optimizer.zero_grad()
         return None
     optimizer.step()  # the engine's step: clipping from its config, then the partitioned update

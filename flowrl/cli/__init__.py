@@ -1,0 +1,126 @@
+"""``python -m flowrl {fit,validate,test,predict}``: LightningCLI with omegaconf interpolation; ``python -m flowrl
+export --ckpt CKPT --out DIR [--merged]`` writes a trained policy for diffusers (``flowrl.policies.export``).
+
+``parser_mode="omegaconf+"`` resolves interpolations after command-line overrides are applied (plain
+``omegaconf`` resolves them per file and then ignores an override of a referenced key); absolute interpolation
+paths are made relative so ``${data.group_size}`` works from inside a nested class's ``init_args``.
+Cross-component problems are collected and raised together before any class (and so any weight) is loaded.
+A ``null`` override of a key inside a nested class (``--model.init_args.policy.init_args.lora=null``) is passed on
+as a one-key config layer, in place: jsonargparse turns such a command-line ``null`` into the string ``'None'``.
+``predict`` takes short options (``--prompts``, ``--seeds``, ...; :mod:`flowrl.cli.predict`) and writes images
+with :class:`flowrl.callbacks.ImageWriter`. The console shows the run: :class:`flowrl.callbacks.RunHeader` at the
+start, :class:`flowrl.callbacks.RunProgressBar`, and :mod:`flowrl.cli.warning_filters` filters what is not the run's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+from jsonargparse import set_parsing_settings
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ProgressBar
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+import flowrl.cli.warning_filters  # noqa: F401  first: its filters must be in place before diffusers is imported
+from flowrl.callbacks.image_writer import ImageWriter
+from flowrl.callbacks.progress import RunProgressBar
+from flowrl.callbacks.run_header import RunHeader
+from flowrl.cli.arguments import null_overrides_as_configs
+from flowrl.cli.config_checks import checkpoint_problems, config_problems, predict_problems
+from flowrl.cli.log_versions import launched_as_rank_zero, share_log_versions
+from flowrl.cli.method_switch import method_switch
+from flowrl.data import PromptDataModule
+from flowrl.methods.base import BaseModule
+
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "use_distributed_sampler": False,  # the group sampler already splits batches over ranks
+    "log_every_n_steps": 1,
+    "enable_model_summary": False,  # flowrl.callbacks.RunHeader prints the parameters trained, with the run's setup
+}
+
+
+class FlowRLCLI(LightningCLI):
+    """The flowrl command line; see ``python -m flowrl fit --help``."""
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        if self.subcommand == "predict" and (problems := predict_problems(config)):
+            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+        if self.subcommand != "fit":
+            return
+        if problems := config_problems(config):
+            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+        share_log_versions(config.get("trainer", {}).get("logger"), rank_zero=launched_as_rank_zero())
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the checkpoint's hyperparameters right after parsing, before any hook of ours: a 0-byte
+        # or cut-off file would surface as torch's bare EOFError or zip error
+        config = self.config.get(self.config.get("subcommand") or "", self.config)
+        if ckpt := config.get("ckpt_path"):
+            if problems := checkpoint_problems(str(ckpt)):
+                raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+        super()._parse_ckpt_path()
+
+    def parse_arguments(self, parser, args) -> None:
+        # main(args) hands LightningCLI its own arguments; the caller's sys.argv (a test runner's, a script's) is not
+        # a second command line, which is all Lightning's warning about seeing both is for
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            super().parse_arguments(parser, args)
+
+    def instantiate_trainer(self, **kwargs: Any):
+        trainer = self.config_init.get(self.subcommand, self.config_init).get("trainer")
+        callbacks = list(trainer.get("callbacks") or [])
+        if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(RunProgressBar())
+        if self.subcommand == "fit" and not any(isinstance(c, RunHeader) for c in callbacks):
+            callbacks.append(RunHeader())
+        if self.subcommand == "predict":
+            ckpt = self.config_init.get(self.subcommand, self.config_init).get("ckpt_path")
+            for c in callbacks:  # saves nothing in predict; pointed at the run's folder, its restored state agrees
+                if isinstance(c, ModelCheckpoint) and c.dirpath is None and ckpt and Path(ckpt).is_file():
+                    c.dirpath = os.path.realpath(Path(ckpt).expanduser().parent)
+            if not any(isinstance(c, BasePredictionWriter) for c in callbacks):
+                callbacks.append(ImageWriter())
+            # predict logs no metric, and Lightning's loggers would still write hyperparameters into the run's
+            # version folder (a fit config pins it) and clear its metrics.csv: the images' folder is the output
+            self.save_config_callback, trainer["logger"] = None, False
+        trainer["callbacks"] = callbacks
+        return super().instantiate_trainer(**kwargs)
+
+    def before_fit(self) -> None:
+        # the CSV writer of a fresh version starts while the folder is still empty: Lightning warns about (and would
+        # delete) an older metrics.csv when it finds the folder non-empty, which here only means TensorBoard's events
+        if launched_as_rank_zero():
+            for logger in self.trainer.loggers:
+                if isinstance(logger, CSVLogger):
+                    logger.experiment  # noqa: B018
+
+
+def main(args: Optional[list[str]] = None) -> None:
+    from_argv = args is None
+    args = sys.argv[1:] if from_argv else args
+    if args[:1] == ["export"]:  # not a LightningCLI subcommand: a trained policy -> diffusers files
+        from flowrl.policies.export import main as export
+
+        return export(args[1:])
+    if args[:1] == ["predict"]:  # LightningCLI's predict, reached through short options
+        from flowrl.cli.predict import predict_arguments
+
+        args = predict_arguments(args[1:])
+    set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
+    args = null_overrides_as_configs(method_switch(args))
+    if from_argv:  # LightningCLI reads sys.argv itself, and warns when given args beside a command line
+        sys.argv[1:], args = args, None
+    try:
+        FlowRLCLI(BaseModule, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
+                  parser_kwargs={"parser_mode": "omegaconf+"}, save_config_kwargs={"overwrite": True},
+                  args=args)
+    except SIGTERMException as stop:  # Lightning stops (and checkpoints, if configured) and exits 0: a scheduler
+        raise SystemExit(128 + signal.SIGTERM) from stop  # would read success; the shell's code for SIGTERM instead

@@ -1,0 +1,148 @@
+"""Checks of a parsed (not yet instantiated) ``fit`` or ``predict`` config, run before any class, and so any weight,
+is loaded: the method's options (every class's ``check_options``), the batch geometry, the schedule, the data files,
+the model path, the checkpoint and the strategy. Each problem names the key and the fix; all are raised together.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zipfile
+from pathlib import Path
+from typing import Any, Optional
+
+from flowrl.data import GroupLayout, load_prompts
+from flowrl.methods.base import BaseModule
+from flowrl.methods.option_surface import bound_options, option_problems
+from flowrl.model_paths import model_problems
+from flowrl.strategies.checks import strategy_problems
+
+
+def _class(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _as_dict(node: Any) -> dict:
+    return node.as_dict() if hasattr(node, "as_dict") else dict(node or {})
+
+
+def config_problems(config: Any) -> list[str]:
+    """Problems that span components of a parsed (not yet instantiated) ``fit`` config."""
+    from flowrl.rewards.base import RewardCallback
+
+    problems = []
+    callbacks = config.get("trainer", {}).get("callbacks") or []
+    rewards = [c for c in callbacks if isinstance(c, dict) or hasattr(c, "class_path")]
+    reward_paths = [c["class_path"] for c in map(_as_dict, rewards)
+                    if issubclass(_class(c["class_path"]), RewardCallback)]
+    if not reward_paths:
+        problems.append("trainer.callbacks has no reward callback; add one, e.g. "
+                        "`- class_path: flowrl.rewards.DigitAlignment`")
+    model = _as_dict(config.get("model"))
+    method = _class(model["class_path"]) if model.get("class_path") else BaseModule
+    init_args = _as_dict(model.get("init_args"))
+    method_problems = option_problems(method, **init_args)  # every class's check_options, on the bound values
+    problems += method_problems
+    policy = _as_dict(init_args.get("policy"))
+    if isinstance(_as_dict(policy.get("init_args")).get("model"), str):
+        problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
+    trainer = _as_dict(config.get("trainer"))
+    world = world_size(trainer)
+    data = _as_dict(config.get("data"))
+    # samples one rollout scores (a tree's leaves), once the options it is computed from are sound
+    samples = 1 if method_problems else method.rollout_cost(bound_options(method, (), init_args)[0])[0]
+    layout = GroupLayout(1, data.get("num_groups", 4), data.get("group_size", 8), world or 1,
+                         data.get("spread_groups", True), samples_per_rollout=samples)
+    problems += layout.problems(getattr(method, "min_group_size", 2), method.__name__)
+    problems += schedule_problems(init_args, trainer, layout.local_batch_size)
+    if trainer.get("use_distributed_sampler"):
+        problems.append("trainer.use_distributed_sampler=true would re-split the GRPO groups; set it to false")
+    for key in ("prompts", "val_prompts"):
+        if isinstance(source := data.get(key), str) and not Path(source).expanduser().is_file():
+            repository = Path(__file__).resolve().parents[2]  # a shipped config's prompts, run from elsewhere
+            fix = (f"run from {repository} or pass --data.{key}={repository / source}"
+                   if (repository / source).is_file() else "give a .txt/.jsonl file or a list of prompts")
+            problems.append(f"data.{key}={source!r} does not exist (relative paths start at {Path.cwd()}); {fix}")
+    if ckpt := config.get("ckpt_path"):
+        problems += checkpoint_problems(str(ckpt))
+    return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
+
+
+def _count_prompts(source: Any) -> int:
+    try:
+        return len(load_prompts(source)) if source is not None else 0
+    except (OSError, ValueError):  # reported above as its own problem
+        return 0
+
+
+def world_size(trainer: dict) -> Optional[int]:
+    """Processes the trainer config asks for, where the config says (an int or a list of devices, times nodes).
+
+    >>> world_size({"devices": 2, "num_nodes": 2}), world_size({"devices": [0, 1]}), world_size({"devices": "auto"})
+    (4, 2, None)
+    """
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1) or 1
+    if isinstance(devices, str) and devices.isdigit():
+        devices = int(devices)
+    if isinstance(devices, (list, tuple)):
+        devices = len(devices)
+    return devices * nodes if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) else None
+
+
+def schedule_problems(init_args: dict, trainer: dict, local_batch_size: int) -> list[str]:
+    """Optimizer steps per batch against ``trainer.max_steps`` and against what one rank's batch can be split into.
+
+    >>> schedule_problems({"num_minibatches": 2}, {"max_steps": 3}, 8)  # doctest: +ELLIPSIS
+    ['trainer.max_steps=3 is not a multiple of the 2 optimizer steps ... use 2 or 4']
+    >>> schedule_problems({"num_minibatches": 1000, "num_steps": 4}, {"max_steps": 2000}, 8)[0][:65]
+    'model.num_minibatches=1000 exceeds the at most 32 trained (sample'
+    """
+    problems = []
+    per_batch = init_args.get("num_inner_epochs", 1) * init_args.get("num_minibatches", 1)
+    max_steps = trainer.get("max_steps", -1)
+    if isinstance(max_steps, int) and max_steps > 0 and per_batch > 0 and max_steps % per_batch:
+        lower, upper = max_steps // per_batch * per_batch, -(-max_steps // per_batch) * per_batch
+        problems.append(f"trainer.max_steps={max_steps} is not a multiple of the {per_batch} optimizer steps each "
+                        f"batch takes (model.num_inner_epochs x model.num_minibatches), so the run would stop "
+                        f"after {upper}; use {' or '.join(str(v) for v in sorted({lower, upper}) if v > 0)}")
+    pairs = local_batch_size * init_args.get("num_steps", 10)  # an upper bound: every step of every sample trained
+    if init_args.get("num_minibatches", 1) > pairs > 0:
+        problems.append(f"model.num_minibatches={init_args['num_minibatches']} exceeds the at most {pairs} trained "
+                        f"(sample, step) pairs of one rank's batch ({local_batch_size} samples x "
+                        f"{init_args.get('num_steps', 10)} steps); each minibatch needs at least one, so lower it")
+    return problems
+
+
+def checkpoint_problems(path: str) -> list[str]:
+    """A ``--ckpt_path`` that cannot be a checkpoint: missing, empty, or a file that is not a ``torch.save`` zip
+    (Lightning's special values ``last``/``best``/``hpc``/``registry`` and sharded checkpoint folders pass).
+
+    >>> checkpoint_problems("/no/such.ckpt")  # doctest: +ELLIPSIS
+    ["ckpt_path='/no/such.ckpt' does not exist; ..."]
+    """
+    if path in ("last", "best", "hpc", "registry") or path.startswith("registry:"):
+        return []
+    file = Path(path).expanduser()
+    if not file.exists():
+        return [f"ckpt_path={path!r} does not exist; pass an existing .ckpt (e.g. "
+                "runs/<name>/version_N/checkpoints/last.ckpt), or leave ckpt_path out"]
+    fix = "pass an earlier step's checkpoint from the same folder, or leave ckpt_path out"
+    if file.is_file() and file.stat().st_size == 0:
+        return [f"ckpt_path={path!r} is empty (0 bytes: a save that was cut off); {fix}"]
+    if file.is_file() and not zipfile.is_zipfile(file):
+        return [f"ckpt_path={path!r} is not a complete checkpoint (not a torch.save zip archive: truncated or "
+                f"another kind of file); {fix}"]
+    return []
+
+
+def predict_problems(config: Any) -> list[str]:
+    """Problems of a parsed ``predict`` config found before any weight loads: prompts that cannot be read."""
+    data = _as_dict(config.get("data"))
+    source = data.get("predict_prompts") if data.get("predict_prompts") is not None else data.get("val_prompts")
+    if source is None:
+        return ["predict needs prompts: --prompts \"a prompt\" ..., --prompt_file FILE, or data.val_prompts in the "
+                "config"]
+    if isinstance(source, str) and not Path(source).expanduser().is_file():
+        return [f"prompts {source!r} do not exist (relative paths start at {Path.cwd()}); give a .txt/.jsonl file or "
+                "a list of prompts"]
+    return []

@@ -1,0 +1,124 @@
+"""The generating half of every method: conditioning, the guided velocity, deterministic samples from seeds, and the
+validation, evaluation and prediction built on them, reduced over ranks.
+
+:class:`Generation` is the base module's parent (:class:`~flowrl.methods.base.BaseModule` adds the training loop);
+it reads ``policy``, ``guidance_scale`` and ``eval_num_steps`` from the module and the reward callbacks from the
+trainer. Every sample it draws starts from :func:`~flowrl.sampling.sampler.seeded_noise` of its seed, so the same
+(prompt, seed) gives the same image on any number of processes and in any batch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+
+from flowrl.policies.base import Conditioning
+from flowrl.rewards.aggregate import tally_means
+from flowrl.rewards.reward_set import RewardSet, batch_metadata
+from flowrl.sampling.sampler import VelocityFn, sample
+from flowrl.sampling.steps import ODE_STEPS
+
+# ModelCheckpoint warns under manual optimization that checkpoints hold the weights after the optimizer step: that is
+# what resuming an RL run needs (the next batch samples from the updated policy; tests/cli/test_fit.py resumes exactly)
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
+
+
+class Generation(LightningModule):
+    """Generation, validation and prediction of a method (see the module docstring); not a method by itself."""
+
+    scores_own_rewards = True  # reward callbacks must not score validation outputs a second time
+    _reward_set: Optional[tuple[int, RewardSet]] = None
+
+    @property
+    def reward_set(self) -> RewardSet:
+        """The reward callbacks on the trainer as one :class:`~flowrl.rewards.reward_set.RewardSet` (built once per
+        trainer)."""
+        callbacks = self.trainer.callbacks
+        if self._reward_set is None or self._reward_set[0] != id(callbacks):
+            self._reward_set = (id(callbacks), RewardSet(callbacks))
+        return self._reward_set[1]
+
+    def encode(self, batch: dict) -> Conditioning:
+        """The policy's conditioning of a batch's ``prompts`` and, where its prompt records carry them, ``images``."""
+        return self.policy.encode(batch["prompts"], images=batch.get("images"))
+
+    def velocity_fn(self, cond: Conditioning, rows_of: Optional[Tensor] = None) -> VelocityFn:
+        """The policy's guided velocity as a :data:`~flowrl.sampling.sampler.VelocityFn` whose ``rows`` index
+        ``cond``'s rows, or index ``rows_of`` (a rollout's ``cond_rows``: each row's conditioning row) where given."""
+        def velocity(z: Tensor, sigma: Tensor, rows: Tensor) -> Tensor:
+            if rows_of is not None:
+                rows = rows_of[rows.to(rows_of.device)]
+            return self.policy.velocity(z, sigma, cond.select(rows), self.guidance_scale)
+        return velocity
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], seeds: Tensor, num_steps: Optional[int] = None,
+                 images: Optional[list] = None) -> Tensor:
+        """Images ``[B, 3, H, W]`` from the deterministic ODE sampler (no noise after the seeded start); ``images``:
+        the prompts' conditioning images, for an editing or image-to-video policy."""
+        cond = self.encode({"prompts": prompts, "images": images})
+        sigmas = self.policy.sigmas(num_steps or self.eval_num_steps).to(self.device)
+        ode = ODE_STEPS[self.policy.prediction]
+        latents, _ = sample(self.velocity_fn(cond), seeds, sigmas, self.policy.latent_shape(), ode, device=self.device)
+        return self.policy.decode(latents[:, -1])
+
+    def _tally(self, batch: dict) -> dict[str, Tensor]:
+        """The reward set's tally of the ODE samples of a batch's ``prompts`` from its ``seeds``."""
+        images = self.generate(batch["prompts"], batch["seeds"].to(self.device), images=batch.get("images"))
+        return self.reward_set.tally(self.reward_set.score(images, batch["prompts"], batch_metadata(batch)))
+
+    def _reduced_means(self, tallies: list[dict[str, Tensor]]) -> dict[str, float]:
+        """Means of the tallies summed over batches and then over ranks (one collective, the same on every rank even
+        when ranks hold different numbers of batches)."""
+        keys = self.reward_set.tally_keys()
+        summed = torch.zeros(len(keys), dtype=torch.float64, device=self.device)
+        for tally in tallies:
+            summed += torch.stack([tally[k].double() for k in keys]).to(self.device)
+        if self.trainer.world_size > 1:
+            summed = self.trainer.strategy.reduce(summed, reduce_op="sum")
+        return tally_means(dict(zip(keys, summed.cpu())))
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_tallies: list[dict[str, Tensor]] = []
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._val_tallies.append(self._tally(batch))
+
+    def on_validation_epoch_end(self) -> None:
+        # already reduced over ranks; non-finite scores are left out of the means and counted, never scored as 0
+        for name, value in self._reduced_means(self._val_tallies).items():
+            self.log(f"val/reward/{name}", value, batch_size=1)
+
+    @torch.no_grad()
+    def evaluate(self, batches: list[dict]) -> dict[str, float]:
+        """Mean reward per name (and ``total``) over evaluation batches of ``prompts`` and ``seeds`` on every rank
+        (call it on every rank), with ``<name>_nonfinite`` counts where scores were NaN or inf (left out of the means).
+        """
+        was_training = self.policy.training
+        self.policy.eval()
+        tallies = [self._tally(batch) for batch in batches]
+        self.policy.train(was_training)
+        return self._reduced_means(tallies)
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """The images :meth:`generate` draws for ``batch["prompts"]`` from ``batch["seeds"]`` (deterministic ODE,
+        ``eval_num_steps`` steps, ``guidance_scale``), scored by every reward callback on the trainer.
+
+        Returns:
+            the batch's keys, plus ``images`` ``[B, 3, H, W]`` in [0, 1] on the CPU and ``rewards`` ``{name: [B]}``
+            (raw scores, NaN where a reward cannot read the prompt; empty without reward callbacks).
+        """
+        images = self.generate(batch["prompts"], batch["seeds"].to(self.device), images=batch.get("images"))
+        scores = {}
+        for reward in self.reward_set.callbacks:
+            try:
+                scores[reward.name] = reward.score(images, batch["prompts"], batch_metadata(batch)).float().cpu()
+            except (ValueError, TypeError) as err:  # a prompt this reward cannot read: the images are still wanted
+                rank_zero_warn(f"reward {reward.name!r} cannot score these prompts, its scores are NaN: {err}")
+                scores[reward.name] = torch.full((len(batch["prompts"]),), torch.nan)
+        return {**batch, "images": images.float().cpu(), "rewards": scores}

@@ -1,0 +1,150 @@
+"""A method's options are declared once: each is a parameter of its class's ``__init__``, with its line in that
+class's docstring. Everything else derives from the declaration: ``python -m flowrl fit --help`` (jsonargparse reads
+the signatures and docstrings), the default a check sees, and the checks themselves.
+
+A class states its rules in a ``check_options(cls, o)`` classmethod over ``o``, the bound value of every option of the
+method (its own and its bases'), and returns the problems, each naming the key and the fix. :func:`option_problems`
+binds a parsed config's ``init_args`` (or a constructor call's arguments) to the signatures, fills in the defaults and
+runs every class's check, base first: the CLI calls it before any weight loads, and ``BaseModule.__new__`` before
+any ``__init__`` runs, so the same rules hold however a method is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import SimpleNamespace
+from typing import Any, Optional
+
+_SKIPPED = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def declared_options(cls: type) -> dict[str, Any]:
+    """Every option of ``cls`` with its default: the parameters of each ``__init__`` along its MRO, the most derived
+    declaration winning (a method may change a base option's default, e.g. TP-GRPO's ``step_kind: cps``).
+
+    >>> class A:
+    ...     def __init__(self, x=1, y=2): ...
+    >>> class B(A):
+    ...     def __init__(self, z=3, y=5, **kwargs): ...
+    >>> declared_options(B)
+    {'z': 3, 'y': 5, 'x': 1}
+    """
+    options: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        for name, param in list(inspect.signature(init).parameters.items())[1:]:  # [0] is self
+            if param.kind not in _SKIPPED and name not in options:
+                options[name] = None if param.default is inspect.Parameter.empty else param.default
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break  # the chain of **kwargs ends here: options further up are not reachable from the config
+    return options
+
+
+def plain(value: Any) -> Any:
+    """A parsed config value as plain Python: jsonargparse ``Namespace`` s (nested ``class_path`` / ``init_args``
+    nodes) become dicts."""
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    return value
+
+
+def bound_options(cls: type, args: tuple = (), kwargs: Optional[dict] = None) -> tuple[SimpleNamespace, list[str]]:
+    """The value of every option of ``cls`` for a call ``cls(*args, **kwargs)`` (or a parsed config's ``init_args``
+    as ``kwargs``): the given ones, the defaults elsewhere; and the problems of keys ``cls`` does not declare."""
+    declared = declared_options(cls)
+    positional = list(declared)[:len(args)]
+    given = {**dict(zip(positional, args)), **(kwargs or {})}
+    unknown = sorted(set(given) - set(declared))
+    problems = [f"model.{key}: {cls.__name__} has no option {key!r}; its options are {sorted(declared)} (`python -m "
+                f"flowrl fit --model.help {cls.__module__}.{cls.__name__}` describes each)" for key in unknown]
+    return SimpleNamespace(**{k: plain(given.get(k, v)) for k, v in declared.items()}), problems
+
+
+def option_problems(cls: type, *args: Any, **kwargs: Any) -> list[str]:
+    """Every problem with the options of method ``cls`` given as ``cls(*args, **kwargs)`` would take them: unknown
+    keys, then each class's ``check_options`` along the MRO, base first. Model-free and weight-free."""
+    options, problems = bound_options(cls, args, kwargs)
+    for klass in reversed(cls.__mro__):
+        check = klass.__dict__.get("check_options")
+        if check is not None:
+            problems += check.__func__(cls, options)
+    return problems
+
+
+def checked_options(cls: type, args: tuple, kwargs: dict) -> SimpleNamespace:
+    """The bound options of ``cls(*args, **kwargs)``; :func:`option_problems` raised together as one ``ValueError``."""
+    if problems := option_problems(cls, *args, **kwargs):
+        raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
+    return bound_options(cls, args, kwargs)[0]
+
+
+def at_least(o: SimpleNamespace, low: float, keys: tuple[str, ...], strict: bool = False, hint: str = "") -> list[str]:
+    """``model.<key>=<value> must be >= low`` (or ``> low``) for each of ``keys`` whose value is set and below.
+
+    >>> at_least(SimpleNamespace(a=0, b=None, c=3), 1, ("a", "b", "c"), hint=" (or null)")
+    ['model.a=0 must be >= 1 (or null)']
+    """
+    values = {key: getattr(o, key) for key in keys}
+    bad = [k for k, v in values.items() if v is not None and not (v > low if strict else v >= low)]
+    return [f"model.{k}={values[k]} must be {'>' if strict else '>='} {low}{hint}" for k in bad]
+
+
+def policy_prediction(policy: Any) -> Optional[str]:
+    """What a policy's network predicts (``FlowPolicy.prediction``), from the adapter or its parsed config.
+
+    >>> policy_prediction({"class_path": "flowrl.policies.TinyFlowPolicy"}), policy_prediction(None)
+    ('velocity', None)
+    """
+    if hasattr(policy, "prediction") and not isinstance(policy, dict):
+        return policy.prediction
+    path = policy.get("class_path") if isinstance(policy, dict) else None
+    if not isinstance(path, str) or "." not in path:
+        return None
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    return getattr(cls, "prediction", None)
+
+
+def policy_trains_lora(policy: Any) -> Optional[bool]:
+    """Whether the policy (an adapter or its parsed config) trains LoRA adapters; None when the config does not say
+    (the adapter's default, LoRA, applies).
+
+    >>> policy_trains_lora({"init_args": {"lora": None}}), policy_trains_lora({"init_args": {}})
+    (False, None)
+    """
+    if hasattr(policy, "lora") and not isinstance(policy, dict):
+        return policy.lora is not None
+    init_args = plain(policy.get("init_args")) if isinstance(policy, dict) else None
+    if isinstance(init_args, dict) and "lora" in init_args:
+        return init_args["lora"] is not None and init_args["lora"] != "None"
+    return None
+
+
+def optimizer_problems(optimizer: Any) -> list[str]:
+    """Problems with the optimizer's parsed ``init_args`` (a learning rate that is not positive), found before the
+    optimizer (or any weight) is built; an already built optimizer factory is not inspected.
+
+    >>> optimizer_problems({"class_path": "torch.optim.AdamW", "init_args": {"lr": -1e-3}})  # doctest: +ELLIPSIS
+    ['model.optimizer.init_args.lr=-0.001 must be > 0 ...']
+    """
+    init_args = plain(optimizer.get("init_args")) if isinstance(optimizer, dict) else None
+    lr = init_args.get("lr") if isinstance(init_args, dict) else None
+    if isinstance(lr, (int, float)) and not lr > 0:
+        return [f"model.optimizer.init_args.lr={lr} must be > 0 (e.g. 3.0e-4 for LoRA, 1.0e-5 for full fine-tuning)"]
+    return []
+
+
+def named_adapter_problems(policy: Any, method: str) -> list[str]:
+    """A method on named LoRA adapters (TDM-R1, DiffusionNFT) needs a policy that trains LoRA (the reference is the
+    backbone without adapters) and predicts a velocity (their losses are written for rectified flow)."""
+    problems = []
+    if policy_trains_lora(policy) is False:
+        problems.append(f"model.init_args.policy.init_args.lora=null: {method} trains named LoRA adapters on one "
+                        "backbone (its reference is the backbone without them); set lora, e.g. {rank: 32, alpha: 64}")
+    if (predicts := policy_prediction(policy)) not in (None, "velocity"):
+        problems.append(f"model.policy predicts {predicts}: {method}'s losses need a flow (velocity) model such as "
+                        "SD3Policy, FluxPolicy or TinyFlowPolicy")
+    return problems
