@@ -1,4 +1,4 @@
-"""Tiny random-weight SD3 and FLUX.1 pipelines saved once per session."""
+"""Tiny random-weight SD3, FLUX.1 and SD1.5 pipelines saved once per session."""
 
 import pytest
 
@@ -19,3 +19,10 @@ def flux_dir(tmp_path_factory):
     from tests.policies.tiny_pipelines import flux_components, save_pipeline
 
     return str(save_pipeline(FluxPipeline, flux_components, tmp_path_factory.mktemp("flux")))
+
+
+@pytest.fixture(scope="session")
+def sd15_dir(tmp_path_factory):
+    from tests.policies.tiny_sd15 import save_sd15
+
+    return str(save_sd15(tmp_path_factory.mktemp("sd15")))

@@ -18,15 +18,9 @@ from flowrl.sampling.steps import ddim_step
 from flowrl.sampling.sampler import seeded_noise
 from tests.policies.mixed_precision import assert_mixed_precision
 from tests.policies.tiny_pipelines import CLIP_LENGTH
-from tests.policies.tiny_sd15 import save_sd15
 
 HERE = Path(__file__).resolve().parent
 LORA = LoraOptions(rank=4, alpha=8)
-
-
-@pytest.fixture(scope="module")
-def sd15_dir(tmp_path_factory):
-    return str(save_sd15(tmp_path_factory.mktemp("sd15")))
 
 
 def sd15(path, **kw):

@@ -1,0 +1,83 @@
+"""Every shipped GPU config (SD3.5, FLUX.1, SD1.5) goes through the checks a real run makes before loading, and fits
+one batch on a tiny random-weight stand-in of its family: the config file as shipped, with only what needs weights,
+GPUs or the user's prompts swapped (the model folder, reward models, devices, the batch size) and every method
+option left as published."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flowrl.cli import FlowRLCLI, main
+from flowrl.methods.option_surface import bound_options
+from flowrl.rewards.base import RewardCallback
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if not p.name.startswith(("tiny_", "quick")))
+STAND_INS = {"SD3Policy": "sd3_dir", "FluxPolicy": "flux_dir", "SD15Policy": "sd15_dir"}
+PROMPTS = ["a red cat", "a blue dog"]
+#: options that name files the user downloads first (like the model's weights): a stand-in starts without them
+DOWNLOADS = {"generator_init": None}
+
+
+def _class(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
+def family(config: str) -> str:
+    policy = yaml.safe_load((ROOT / "configs" / config).read_text())["model"]["init_args"]["policy"]["class_path"]
+    return policy.rpartition(".")[2]
+
+
+def tiny_stand_in(config: str, model_dir: str, out: Path) -> Path:
+    """``config`` on the CPU with a tiny model, weight-free rewards and one prompt's group per batch."""
+    cfg = yaml.safe_load((ROOT / "configs" / config).read_text())
+    init = cfg["model"]["init_args"]
+    cfg["trainer"].update(accelerator="cpu", devices=1, strategy="auto", logger=False, enable_progress_bar=False,
+                          default_root_dir=str(out), max_steps=init.get("num_inner_epochs", 1) *
+                          init.get("num_minibatches", 1))
+    for callback in cfg["trainer"]["callbacks"]:  # reward models would download their weights: a weight-free one
+        if issubclass(_class(callback["class_path"]), RewardCallback):
+            callback["class_path"] = "flowrl.rewards.JpegIncompressibility"
+            callback["init_args"] = {"weight": (callback.get("init_args") or {}).get("weight", 1.0)}
+    init.update({key: value for key, value in DOWNLOADS.items() if key in init})
+    if init.get("calibration"):  # DenseGRPO's calibration is sized like the batch: shrunk with it
+        init["calibration"].update(samples=2, iterations=1)
+    policy = init["policy"]["init_args"]
+    policy.update(model=model_dir, resolution=32, torch_dtype="float32", autocast=None, vae_chunk_size=None)
+    if "max_sequence_length" in policy:
+        policy["max_sequence_length"] = 8
+    method = _class(cfg["model"]["class_path"])
+    leaves = method.rollout_cost(bound_options(method, (), {**init, "policy": None})[0])[0]
+    cfg["data"].update(prompts=PROMPTS, num_groups=1, group_size=max(leaves, 2 if leaves == 1 else leaves))
+    path = out / config
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class ChecksPassed(Exception):
+    """Raised where the CLI would instantiate the classes: every check before loading has passed."""
+
+
+@pytest.mark.parametrize("config", GPU_CONFIGS)
+def test_a_gpu_config_passes_the_checks_before_loading_as_shipped(config, tmp_path, monkeypatch, request):
+    def stop(self):
+        raise ChecksPassed
+
+    monkeypatch.setattr(FlowRLCLI, "instantiate_classes", stop)
+    model_dir = request.getfixturevalue(STAND_INS[family(config)])  # the hub id would need the network
+    init = yaml.safe_load((ROOT / "configs" / config).read_text())["model"]["init_args"]
+    downloads = [f"--model.init_args.{key}={yaml.safe_dump(value).split()[0]}" for key, value in DOWNLOADS.items()
+                 if key in init]
+    with pytest.raises(ChecksPassed):  # a SystemExit here is a problem the checks found: its text names it
+        main(["fit", "--config", str(ROOT / "configs" / config), f"--model.init_args.policy.init_args.model={model_dir}",
+              f"--data.prompts={PROMPTS}", f"--trainer.default_root_dir={tmp_path}", *downloads])
+
+
+@pytest.mark.parametrize("config", GPU_CONFIGS)
+def test_a_gpu_config_fits_a_batch_on_a_tiny_stand_in(config, tmp_path, monkeypatch, request):
+    monkeypatch.chdir(tmp_path)
+    model_dir = request.getfixturevalue(STAND_INS[family(config)])
+    main(["fit", "--config", str(tiny_stand_in(config, model_dir, tmp_path))])
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file() or list(tmp_path.glob("checkpoints/*.ckpt"))
