@@ -1,4 +1,4 @@
-"""Tiny random-weight SD3 and FLUX.1 pipelines saved once per session."""
+"""Tiny random-weight pipelines (SD3, FLUX.1, Qwen-Image, FLUX.2 [klein], Z-Image) saved once per session."""
 
 import pytest
 
@@ -19,3 +19,44 @@ def flux_dir(tmp_path_factory):
     from tests.policies.tiny_pipelines import flux_components, save_pipeline
 
     return str(save_pipeline(FluxPipeline, flux_components, tmp_path_factory.mktemp("flux")))
+
+
+@pytest.fixture(scope="session")
+def qwen_image_dir(tmp_path_factory):
+    from diffusers import QwenImagePipeline
+
+    from tests.policies.tiny_families import qwen_image_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(QwenImagePipeline, qwen_image_components, tmp_path_factory.mktemp("qwen_image")))
+
+
+@pytest.fixture(scope="session")
+def flux2_dir(tmp_path_factory):
+    """FLUX.2 [klein] base: sampled with CFG (``is_distilled`` false, the pipeline's default)."""
+    from diffusers import Flux2KleinPipeline
+
+    from tests.policies.tiny_families import flux2_klein_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(Flux2KleinPipeline, flux2_klein_components, tmp_path_factory.mktemp("flux2")))
+
+
+@pytest.fixture(scope="session")
+def flux2_distilled_dir(flux2_dir, tmp_path_factory):
+    """The same weights as a step-distilled FLUX.2 [klein] (``is_distilled`` true: no CFG)."""
+    from pathlib import Path
+
+    from tests.policies.tiny_families import set_distilled
+
+    return str(set_distilled(Path(flux2_dir), tmp_path_factory.mktemp("flux2_distilled") / "model", True))
+
+
+@pytest.fixture(scope="session")
+def zimage_dir(tmp_path_factory):
+    from diffusers import ZImagePipeline
+
+    from tests.policies.tiny_families import zimage_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(ZImagePipeline, zimage_components, tmp_path_factory.mktemp("zimage")))
