@@ -105,21 +105,30 @@ def flux2_klein_components() -> dict:
     }
 
 
-def zimage_components() -> dict:
-    """Z-Image: a single-stream DiT (one refiner layer per stream, 2 main layers) that patchifies 4-channel latents
-    itself, a Qwen3 text encoder (its second-to-last hidden states), an ``AutoencoderKL`` with Z-Image's factors."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
-    from transformers import Qwen3Model
+def zimage_transformer(dim: int = 32):
+    """Z-Image's DiT (4 latent channels, 2x2 patches, 16-wide captions): one refiner layer per stream, 2 main layers
+    of width ``dim`` (2 heads; the RoPE axes split the head width 2:1:1)."""
+    from diffusers import ZImageTransformer2DModel
 
-    tokenizer = qwen3_tokenizer()
-    transformer = ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32,
+    head = dim // 2
+    transformer = ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=dim,
                                            n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2, cap_feat_dim=16,
-                                           axes_dims=[8, 4, 4], axes_lens=[256, 32, 32])
+                                           axes_dims=[head // 2, head // 4, head // 4], axes_lens=[256, 32, 32])
     with torch.no_grad():  # the pad tokens are allocated with torch.empty; give them values (as diffusers' tests do)
         transformer.x_pad_token.copy_(torch.full_like(transformer.x_pad_token, 0.5))
         transformer.cap_pad_token.copy_(torch.full_like(transformer.cap_pad_token, -0.5))
+    return transformer
+
+
+def zimage_components() -> dict:
+    """Z-Image: a single-stream DiT (one refiner layer per stream, 2 main layers) that patchifies 4-channel latents
+    itself, a Qwen3 text encoder (its second-to-last hidden states), an ``AutoencoderKL`` with Z-Image's factors."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+    from transformers import Qwen3Model
+
+    tokenizer = qwen3_tokenizer()
     return {
-        "transformer": transformer,
+        "transformer": zimage_transformer(),
         "vae": AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
                              up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 8), layers_per_block=1,
                              latent_channels=4, norm_num_groups=4, sample_size=IMAGE_SIZE, scaling_factor=0.3611,
