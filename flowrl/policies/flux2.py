@@ -147,8 +147,9 @@ class Flux2Policy(PaddedPromptPolicy):
         with self._autocast():
             out = self.denoiser(hidden_states=self.pipeline_class._pack_latents(latents.to(dtype)),  # [B, h * w, C]
                                 encoder_hidden_states=cond.embeds.to(dtype), timestep=sigma.to(dtype),
-                                img_ids=self.pipeline_class._prepare_latent_ids(latents).to(device),
-                                txt_ids=self.pipeline_class._prepare_text_ids(cond.embeds).to(device),
+                                # every row has the same ids and the transformer reads row 0: build one row
+                                img_ids=self.pipeline_class._prepare_latent_ids(latents[:1]).to(device),
+                                txt_ids=self.pipeline_class._prepare_text_ids(cond.embeds[:1]).to(device),
                                 guidance=guidance, return_dict=False)[0]
         # the position ids enumerate the tokens row-major, so the pipeline's scatter by ids is this reshape
         return out.float().transpose(1, 2).reshape(b, c, h, w)
