@@ -1,4 +1,4 @@
-"""Tiny random-weight pipelines (SD3, FLUX.1, Qwen-Image, FLUX.2 [klein], Z-Image) saved once per session."""
+"""Tiny random-weight pipelines (SD3, FLUX.1, Qwen-Image, FLUX.2 [klein] and [dev], Z-Image) saved once per session."""
 
 import pytest
 
@@ -60,3 +60,14 @@ def zimage_dir(tmp_path_factory):
     from tests.policies.tiny_pipelines import save_pipeline
 
     return str(save_pipeline(ZImagePipeline, zimage_components, tmp_path_factory.mktemp("zimage")))
+
+
+@pytest.fixture(scope="session")
+def flux2_dev_dir(tmp_path_factory):
+    """FLUX.2 [dev]: Flux2Pipeline, Mistral3 text encoder, guidance embedded (no CFG)."""
+    from diffusers import Flux2Pipeline
+
+    from tests.policies.tiny_families import flux2_dev_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(Flux2Pipeline, flux2_dev_components, tmp_path_factory.mktemp("flux2_dev")))

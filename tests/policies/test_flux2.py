@@ -95,3 +95,20 @@ def test_decode_chunks_and_bad_options_fail_before_loading(flux2_dir, sd3_dir):
 def test_mixed_precision_keeps_trained_weights_and_velocities_in_float32(flux2_dir):
     policy = flux2(flux2_dir, torch_dtype="bfloat16", autocast="bfloat16", gradient_checkpointing=True)
     assert_mixed_precision(policy, flux2(flux2_dir), torch.tensor([0.7]), 3.0)
+
+
+def test_dev_is_guidance_distilled_and_its_ode_sample_equals_flux2_pipeline(flux2_dev_dir):
+    from diffusers import Flux2Pipeline
+
+    policy, pipe = flux2(flux2_dev_dir, max_sequence_length=48), Flux2Pipeline.from_pretrained(flux2_dev_dir)
+    assert policy.pipeline_class is Flux2Pipeline and type(policy.text_encoder).__name__.startswith("Mistral3")
+    want, _ = pipe.encode_prompt(PROMPTS, max_sequence_length=48)  # system message + prompt, layers 10, 20, 30
+    cond = policy.encode(PROMPTS)
+    assert not cond.guided  # the guidance scale is an input of the transformer, not a CFG batch
+    torch.testing.assert_close(cond.embeds, want)
+    ours = adapter_ode(policy, steps=3, guidance=3.0)
+    theirs, images = pipeline_run(pipe, prompt=PROMPTS, guidance_scale=3.0, latents=start_noise(policy),
+                                  num_inference_steps=3, height=32, width=32, max_sequence_length=48)
+    torch.testing.assert_close(Flux2Pipeline._pack_latents(ours), theirs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(policy.decode(ours), images, atol=1e-5, rtol=1e-5)
+    assert (adapter_ode(policy, steps=3, guidance=1.0) - ours).abs().max() > 1e-3  # the guidance input matters

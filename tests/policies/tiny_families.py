@@ -1,4 +1,4 @@
-"""Tiny random-weight Qwen-Image, FLUX.2 [klein] and Z-Image pipelines (32 px images), built from configs with
+"""Tiny random-weight Qwen-Image, FLUX.2 ([klein] and [dev]) and Z-Image pipelines (32 px images), built from configs with
 offline tokenizers (``qwen_tokenizers``) and saved with ``save_pretrained``, so the adapters load them through
 ``from_pretrained`` like the published ones (as diffusers' ``get_dummy_components``).
 
@@ -16,10 +16,12 @@ from pathlib import Path
 
 import torch
 
-from tests.policies.qwen_tokenizers import IM_TOKENS, VISION_TOKENS, qwen3_tokenizer, qwen_image_tokenizer
+from tests.policies.qwen_tokenizers import (IM_TOKENS, VISION_TOKENS, WORDS, qwen3_tokenizer, qwen_image_tokenizer,
+                                           qwen_tokenizer)
 
 IMAGE_SIZE = 32
-# copied from QwenImagePipeline.__init__ (diffusers 0.42.1); qwen_image_components checks it against the pipeline
+# copied from QwenImagePipeline.__init__ (diffusers 0.42.1): the tokenizer is trained on it so that its prefix is the
+# 34 tokens the pipeline drops (test_qwen_image compares the encodings with the pipeline's)
 QWEN_IMAGE_TEMPLATE = (
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
     "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
@@ -103,6 +105,41 @@ def flux2_klein_components() -> dict:
         "tokenizer": tokenizer,
         "text_encoder": Qwen3ForCausalLM(_qwen3_config(tokenizer, 27)),
     }
+
+
+MISTRAL_SPECIAL = ["[IMG]", "[IMG_BREAK]", "[IMG_END]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[INST]", "[/INST]"]
+# Mistral's chat format for the role/content-list messages of Flux2Pipeline (system message, then the prompt)
+MISTRAL_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}[SYSTEM_PROMPT]"
+    "{% for part in message['content'] %}{{ part['text'] }}{% endfor %}[/SYSTEM_PROMPT]"
+    "{% else %}[INST]{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% else %}[IMG]{% endif %}{% endfor %}[/INST]{% endif %}{% endfor %}")
+
+
+def flux2_dev_components() -> dict:
+    """FLUX.2 [dev] (``Flux2Pipeline``): the [klein] VAE and scheduler, a transformer with the guidance embedding, and
+    a Mistral3 text encoder with 30 layers so that the pipeline's ``text_encoder_out_layers=(10, 20, 30)`` exists.
+    The published model's tokenizer is a ``PixtralProcessor``, which needs torchvision; a plain tokenizer with
+    Mistral's chat format serves ``Flux2Pipeline.encode_prompt`` the same way (``AutoProcessor`` loads either)."""
+    from diffusers import Flux2Transformer2DModel
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    tokenizer = qwen_tokenizer([SYSTEM_MESSAGE] * 50 + [WORDS] * 20, MISTRAL_SPECIAL)
+    tokenizer.chat_template = MISTRAL_TEMPLATE
+    ids = _token_ids(tokenizer, ["<|endoftext|>", "[IMG]"])
+    text = {"model_type": "mistral", "vocab_size": len(tokenizer), "hidden_size": 16, "intermediate_size": 16,
+            "num_hidden_layers": 30, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8,
+            "max_position_embeddings": 512, "pad_token_id": ids["<|endoftext|>"]}
+    vision = {"model_type": "pixtral", "hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "head_dim": 8, "image_size": 32, "patch_size": 16}
+    config = Mistral3Config(text_config=text, vision_config=vision, image_token_index=ids["[IMG]"],
+                            spatial_merge_size=1, vision_feature_layer=-1)
+    return {**flux2_klein_components(), "tokenizer": tokenizer, "text_encoder": Mistral3ForConditionalGeneration(config),
+            "transformer": Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                                   timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4),
+                                                   guidance_embeds=True)}
 
 
 def zimage_transformer(dim: int = 32):
