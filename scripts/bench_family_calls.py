@@ -42,7 +42,8 @@ def flux2_transformer(policy, cond, sigmas: Tensor, guidance: float) -> Bare:
     embeds, n = torch.cat([cond.null_embeds, cond.embeds]), len(cond.embeds)
 
     def output(z, k, rows):
-        out = policy.denoiser(hidden_states=torch.cat([z, z]), encoder_hidden_states=embeds[torch.cat([rows, rows + n])],
+        both = torch.cat([rows, rows + n])
+        out = policy.denoiser(hidden_states=torch.cat([z, z]), encoder_hidden_states=embeds[both],
                               timestep=sigmas[k].repeat(2), img_ids=image_ids, txt_ids=text_ids,
                               return_dict=False)[0]
         neg, pos = out.chunk(2)

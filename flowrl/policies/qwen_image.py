@@ -20,7 +20,8 @@ from typing import Optional
 
 import numpy as np
 import torch
-from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
+from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
+                       QwenImageTransformer2DModel)
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
 from torch import Tensor
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration

@@ -73,9 +73,10 @@ class ZImagePolicy(PaddedPromptPolicy):
     pipeline_class = ZImagePipeline
     default_lora_targets = Z_IMAGE_LORA_TARGETS
 
-    def __init__(self, model: str = "Tongyi-MAI/Z-Image", lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0),
-                 resolution: int = 512, max_sequence_length: int = 512, negative_prompt: str = "",
-                 cfg_normalization: float = 0.0, torch_dtype: str = "float32", autocast: Optional[str] = None,
+    def __init__(self, model: str = "Tongyi-MAI/Z-Image",
+                 lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,
+                 max_sequence_length: int = 512, negative_prompt: str = "", cfg_normalization: float = 0.0,
+                 torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
                  prompt_cache_size: int = 1024):
         super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size)

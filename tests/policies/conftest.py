@@ -71,3 +71,14 @@ def flux2_dev_dir(tmp_path_factory):
     from tests.policies.tiny_pipelines import save_pipeline
 
     return str(save_pipeline(Flux2Pipeline, flux2_dev_components, tmp_path_factory.mktemp("flux2_dev")))
+
+
+@pytest.fixture
+def refuse_weights(monkeypatch):
+    """Loading any diffusers model's weights fails: what a test then sees was found from the configs alone."""
+    from diffusers import ModelMixin
+
+    def refuse(cls, *args, **kwargs):
+        raise AssertionError(f"{cls.__name__} weights loaded before the options were checked")
+
+    monkeypatch.setattr(ModelMixin, "from_pretrained", classmethod(refuse))

@@ -81,10 +81,13 @@ def test_default_lora_targets_cover_both_block_kinds(flux2_dir):
                        "single_transformer_blocks.0.attn.to_qkv_mlp_proj", "single_transformer_blocks.0.attn.to_out"}
 
 
-def test_decode_chunks_and_bad_options_fail_before_loading(flux2_dir, sd3_dir):
+def test_decode_in_chunks_equals_whole(flux2_dir):
     z = torch.randn(3, 16, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(flux2(flux2_dir, vae_chunk_size=2).decode(z), flux2(flux2_dir).decode(z))
+
+
+def test_bad_options_fail_before_any_weight_loads(flux2_dir, sd3_dir, refuse_weights):
     with pytest.raises(ValueError, match=r"resolution=30 must be a positive multiple of 4(.|\n)*"
                                          r"max_sequence_length=0 must be >= 1"):
         flux2(flux2_dir, resolution=30, max_sequence_length=0)  # 4: VAE factor 2 x 2x2 patches

@@ -77,10 +77,13 @@ def test_guide_rescales_each_token_to_its_conditional_norm(qwen_image_dir):
     torch.testing.assert_close(cos, torch.ones_like(cos))
 
 
-def test_decode_chunks_and_bad_options_fail_before_loading(qwen_image_dir):
+def test_decode_in_chunks_equals_whole(qwen_image_dir):
     z = torch.randn(3, 4, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(qwen(qwen_image_dir, vae_chunk_size=2).decode(z), qwen(qwen_image_dir).decode(z))
+
+
+def test_bad_options_fail_before_any_weight_loads(qwen_image_dir, refuse_weights):
     with pytest.raises(ValueError, match=r"resolution=30 must be a positive multiple of 8(.|\n)*"
                                          r"max_sequence_length=0 must be in \[1, 1024\]"):
         qwen(qwen_image_dir, resolution=30, max_sequence_length=0)  # 8: VAE factor 4 x 2x2 packing

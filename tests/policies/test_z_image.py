@@ -72,7 +72,7 @@ def test_turbo_style_sampling_without_cfg_equals_the_pipelines(zimage_dir):
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
-def test_bad_options_fail_before_loading(zimage_dir):
+def test_bad_options_fail_before_any_weight_loads(zimage_dir, refuse_weights):
     with pytest.raises(ValueError, match=r"resolution=30 must be a positive multiple of 4(.|\n)*"
                                          r"cfg_normalization=-0.5 must be >= 0"):
         zimage(zimage_dir, resolution=30, cfg_normalization=-0.5)

@@ -1,6 +1,6 @@
-"""Tiny random-weight Qwen-Image, FLUX.2 ([klein] and [dev]) and Z-Image pipelines (32 px images), built from configs with
-offline tokenizers (``qwen_tokenizers``) and saved with ``save_pretrained``, so the adapters load them through
-``from_pretrained`` like the published ones (as diffusers' ``get_dummy_components``).
+"""Tiny random-weight Qwen-Image, FLUX.2 ([klein] and [dev]) and Z-Image pipelines (32 px images), built from
+configs with offline tokenizers (``qwen_tokenizers``) and saved with ``save_pretrained``, so the adapters load them
+through ``from_pretrained`` like the published ones (as diffusers' ``get_dummy_components``).
 
 Where a published model normalises its latents (Qwen-Image's ``latents_mean``/``latents_std``, FLUX.2's batch-norm
 running statistics, Z-Image's scaling and shift factors) the tiny one gets values far from the identity, so a
@@ -135,7 +135,8 @@ def flux2_dev_components() -> dict:
               "num_attention_heads": 2, "head_dim": 8, "image_size": 32, "patch_size": 16}
     config = Mistral3Config(text_config=text, vision_config=vision, image_token_index=ids["[IMG]"],
                             spatial_merge_size=1, vision_feature_layer=-1)
-    return {**flux2_klein_components(), "tokenizer": tokenizer, "text_encoder": Mistral3ForConditionalGeneration(config),
+    return {**flux2_klein_components(), "tokenizer": tokenizer,
+            "text_encoder": Mistral3ForConditionalGeneration(config),
             "transformer": Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
                                                    attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
                                                    timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4),
