@@ -88,13 +88,15 @@ class Flux2Policy(PaddedPromptPolicy):
     Args:
         model: hub id (``black-forest-labs/FLUX.2-klein-base-4B``, ``...-klein-4B``, ``...-klein-9B``,
             ``...-FLUX.2-dev``), local folder or embedded name of a ``Flux2KleinPipeline`` / ``Flux2Pipeline`` folder.
-        lora: LoRA options (default targets: :func:`flux2_lora_targets` of the model's single blocks); None for full
-            fine-tuning.
+        lora: LoRA options (default targets: :func:`flux2_lora_targets` of the model's single blocks, the default of
+            diffusers' ``examples/dreambooth/train_dreambooth_lora_flux2_klein.py``); None for full fine-tuning.
         resolution: image height and width in pixels (a multiple of 16).
         max_sequence_length: text tokens per prompt (padded to this length, as the pipelines do).
         torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy`.
     """
+
+    pipeline_class = Flux2KleinPipeline  # per instance: the pipeline its model_index.json names
 
     def __init__(self, model: str = "black-forest-labs/FLUX.2-klein-base-4B",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,

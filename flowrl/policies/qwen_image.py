@@ -61,7 +61,8 @@ class QwenImagePolicy(PaddedPromptPolicy):
 
     Args:
         model: hub id, local folder or embedded name of a ``QwenImagePipeline`` folder.
-        lora: LoRA options (default targets: ``QWEN_IMAGE_LORA_TARGETS``); None for full fine-tuning.
+        lora: LoRA options (default targets: ``QWEN_IMAGE_LORA_TARGETS``, the default of diffusers'
+            ``examples/dreambooth/train_dreambooth_lora_qwen_image.py``); None for full fine-tuning.
         resolution: image height and width in pixels (a multiple of 16).
         max_sequence_length: text tokens kept per prompt after the template prefix (at most 1024).
         negative_prompt: the unconditional side of true CFG (Flow-Factory and diffusers' examples use ``""``; the

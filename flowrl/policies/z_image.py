@@ -61,7 +61,8 @@ class ZImagePolicy(PaddedPromptPolicy):
 
     Args:
         model: hub id, local folder or embedded name of a ``ZImagePipeline`` folder.
-        lora: LoRA options (default targets: ``Z_IMAGE_LORA_TARGETS``); None for full fine-tuning.
+        lora: LoRA options (default targets: ``Z_IMAGE_LORA_TARGETS``, the default of diffusers'
+            ``examples/dreambooth/train_dreambooth_lora_z_image.py``); None for full fine-tuning.
         resolution: image height and width in pixels (a multiple of 16).
         max_sequence_length: text tokens per prompt, chat template included (the pipeline truncates there).
         negative_prompt: the unconditional side of CFG (the pipeline's default is ``""``).
