@@ -1,5 +1,5 @@
 """Z-Image (arXiv 2511.22699) on the components of diffusers' ``ZImagePipeline``: Z-Image, and Z-Image-Turbo as a
-few-step student (8 steps, no CFG: ``guidance_scale: 1``).
+few-step student (its model card samples 9 steps without CFG: ``guidance_scale: 1`` here).
 
 ``ZImageTransformer2DModel`` is a single-stream DiT that takes *lists*: one ``[C, 1, h, w]`` latent and one
 caption of its own length per sample (it patchifies and pads both itself). The sampler's plain ``[C, h, w]``
