@@ -87,7 +87,8 @@ class Flux2Policy(PaddedPromptPolicy):
 
     Args:
         model: hub id (``black-forest-labs/FLUX.2-klein-base-4B``, ``...-klein-4B``, ``...-klein-9B``,
-            ``black-forest-labs/FLUX.2-dev``), local folder or embedded name of a ``Flux2KleinPipeline`` / ``Flux2Pipeline`` folder.
+            ``black-forest-labs/FLUX.2-dev``), local folder or embedded name of a ``Flux2KleinPipeline`` /
+            ``Flux2Pipeline`` folder.
         lora: LoRA options (default targets: :func:`flux2_lora_targets` of the model's single blocks, the default of
             diffusers' ``examples/dreambooth/train_dreambooth_lora_flux2_klein.py``); None for full fine-tuning.
         resolution: image height and width in pixels (a multiple of 16).
