@@ -1,16 +1,19 @@
 """Per-adapter overhead of flowrl against the bare model calls it wraps, and the memory of its trajectory buffer.
 
-    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15] [--batch 8] [--steps 10]
-        [--repeats 5]
+    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15 qwen_image flux2 zimage]
+        [--batch 8] [--steps 10] [--repeats 5]
 
-For each policy adapter at tiny size (the embedded ``flowrl/tiny-digits``; random-weight SD3, FLUX.1 and SD1.5
-pipelines built as the tests build them, saved to a temporary folder and loaded through the adapter's
-``from_pretrained`` path), side by side in one process with the calls interleaved (as ``bench_overhead.py``):
+For each policy adapter at tiny size (the embedded ``flowrl/tiny-digits``; random-weight SD3, FLUX.1, SD1.5,
+Qwen-Image, FLUX.2 [klein] base and Z-Image pipelines built as the tests build them, saved to a temporary folder and
+loaded through the adapter's ``from_pretrained`` path), side by side in one process with the calls interleaved (as
+``bench_overhead.py``):
 
 - rollout: ``FlowGRPO.rollout`` (seeded per-sample noise, the SDE step, log-probs, every state recorded) against a
   bare loop of the denoiser calls: the CFG batch with an Euler update (tiny, SD3), the transformer on packed latents
   with embedded guidance and no CFG batch (FLUX, as ``FluxPipeline``), the UNet's CFG epsilon with the DDIM update
-  (SD1.5);
+  (SD1.5), and the new families' transformers as their pipelines call them (``bench_family_calls.py``: packed
+  latents, masks and the norm rescale for Qwen-Image, tokens and position ids for FLUX.2, lists of latents and
+  unpadded captions at reversed time for Z-Image);
 - training: ``PPOUpdate.pair_loss`` forward+backward over every trained (sample, step) pair in micro-batches against
   a bare forward+backward of the same micro-batches (mean-square loss on the guided output);
 - memory: bytes of the ``Rollout`` tensors (each storage counted once, at its full size) against the ``B x (T+1) x
@@ -37,7 +40,7 @@ from flowrl.policies.base import FlowPolicy  # noqa: E402
 from flowrl.sampling.rollout import Rollout  # noqa: E402
 from scripts.bench_overhead import timed  # noqa: E402
 
-MODELS = ("tiny", "sd3", "flux", "sd15")
+MODELS = ("tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage")
 
 
 def buffer_bytes(rollout: Rollout) -> int:
@@ -162,6 +165,8 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
         path = save_pipeline(FluxPipeline, flux_components, root / "flux")
         policy = FluxPolicy(str(path), lora=lora, resolution=32, max_sequence_length=8)
         return policy, flux_transformer, "flow_grpo", 0.7
+    if name in ("qwen_image", "flux2", "zimage"):
+        return (*new_family(name, root, lora), "flow_grpo", 0.7)
     if name == "sd15":
         from flowrl.policies import SD15Policy
         from tests.policies.tiny_sd15 import save_sd15
@@ -169,6 +174,23 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
         path = save_sd15(root / "sd15")
         return SD15Policy(str(path), lora=lora, resolution=32), ddim_unet, "ddim", 1.0
     raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
+
+
+def new_family(name: str, root: Path, lora: LoraOptions) -> tuple[FlowPolicy, Callable]:
+    """A Qwen-Image, FLUX.2 [klein] base or Z-Image adapter on its tiny pipeline, and its bare-call builder."""
+    from diffusers import Flux2KleinPipeline, QwenImagePipeline, ZImagePipeline
+
+    from flowrl.policies import Flux2Policy, QwenImagePolicy, ZImagePolicy
+    from scripts import bench_family_calls as bare
+    from tests.policies import tiny_families as tiny
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    policy_class, pipeline_class, build, make_bare = {
+        "qwen_image": (QwenImagePolicy, QwenImagePipeline, tiny.qwen_image_components, bare.qwen_image_transformer),
+        "flux2": (Flux2Policy, Flux2KleinPipeline, tiny.flux2_klein_components, bare.flux2_transformer),
+        "zimage": (ZImagePolicy, ZImagePipeline, tiny.zimage_components, bare.zimage_transformer)}[name]
+    path = save_pipeline(pipeline_class, build, root / name)
+    return policy_class(str(path), lora=lora, resolution=32, max_sequence_length=16), make_bare
 
 
 def measure(name: str, root: Path, batch: int, steps: int, micro_batch: int, repeats: int,
