@@ -29,6 +29,7 @@ def sd15_dir(tmp_path_factory):
     return str(save_sd15(tmp_path_factory.mktemp("sd15")))
 
 
+@pytest.fixture(scope="session")
 def qwen_image_dir(tmp_path_factory):
     from diffusers import QwenImagePipeline
 
