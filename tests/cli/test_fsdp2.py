@@ -25,7 +25,7 @@ CASES = {  # (options of both runs, options of the 2-process run)
     "lora": (["--model.init_args.max_grad_norm=null"], FSDP2),
     "full": (FULL, FSDP2),
     # the class with an option: gradients reduce-scattered after every micro-batch instead of accumulated unsharded
-    "full_reduce_every_micro_batch": (FULL, [*FSDP2, "--trainer.strategy=flowrl.methods.FSDP2Strategy",
+    "full_reduce_every_micro_batch": (FULL, [*FSDP2, "--trainer.strategy=flowrl.strategies.FSDP2Strategy",
                                              "--trainer.strategy.reduce_every_micro_batch=true"]),
 }
 
