@@ -144,6 +144,9 @@ class BaseModule(Distributed):
     # -- the loop ------------------------------------------------------------------------------------------
 
     def training_step(self, batch: dict, batch_idx: int) -> dict:
+        """One batch, for every method: rollout and rewards, the gathered batch and its credit (the hooks), the
+        method's :meth:`update`, the core metrics. Returns this rank's images, prompts, rewards, seeds, group ids,
+        advantages, scores and node ids (sample grids and dumps read them)."""
         started = time.perf_counter()
         self.policy.eval()  # no dropout: sampling and training must see the same network
         with torch.no_grad():

@@ -26,7 +26,7 @@ def test_site_builds_strict(tmp_path):
                  "api/advantages/index.html"):
         assert (tmp_path / "site" / page).is_file(), page
     api = (tmp_path / "site/api/methods/index.html").read_text()
-    assert 'id="flowrl.methods.BaseModule.predict_step"' in api  # docstrings rendered, not just headings
+    assert 'id="flowrl.methods.BaseModule.credit"' in api  # docstrings rendered, not just headings
 
 
 def test_healthy_run_table_is_the_scripts_output():
