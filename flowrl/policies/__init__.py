@@ -5,5 +5,8 @@ from flowrl.policies.flux import FluxPolicy
 from flowrl.policies.sd3 import SD3Policy
 from flowrl.policies.sd15 import SD15Policy
 from flowrl.policies.tiny import TinyFlowPolicy
+from flowrl.policies.wan import WanPolicy
+from flowrl.policies.wan_i2v import WanI2VPolicy
 
-__all__ = ["Conditioning", "FlowPolicy", "FluxPolicy", "LoraOptions", "SD15Policy", "SD3Policy", "TinyFlowPolicy"]
+__all__ = ["Conditioning", "FlowPolicy", "FluxPolicy", "LoraOptions", "SD15Policy", "SD3Policy", "TinyFlowPolicy",
+           "WanI2VPolicy", "WanPolicy"]

@@ -1,4 +1,4 @@
-"""Tiny random-weight SD3, FLUX.1 and SD1.5 pipelines saved once per session."""
+"""Tiny random-weight SD3, FLUX.1, SD1.5 and Wan pipelines saved once per session."""
 
 import pytest
 
@@ -26,3 +26,11 @@ def sd15_dir(tmp_path_factory):
     from tests.policies.tiny_sd15 import save_sd15
 
     return str(save_sd15(tmp_path_factory.mktemp("sd15")))
+
+
+@pytest.fixture(scope="session")
+def wan_dirs(tmp_path_factory):
+    """Tiny Wan pipelines: ``wan21``, ``wan22`` (two experts, UniPC), ``wan22_euler``, ``wan21_i2v``, ``ti2v``."""
+    from tests.policies.tiny_wan import save_all
+
+    return save_all(tmp_path_factory.mktemp("wan"))
