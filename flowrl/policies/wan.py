@@ -149,9 +149,12 @@ class WanPolicy(PipelinePolicy):
     # -- prompts -----------------------------------------------------------------------------------------------
 
     def _encode_batch(self, prompts: list[str]) -> tuple[Tensor]:
-        embeds, _ = self.pipeline().encode_prompt(prompt=prompts, do_classifier_free_guidance=False,
-                                                  max_sequence_length=self.max_sequence_length,
-                                                  device=self.text_encoder.device)
+        # WanPipeline's encode_prompt for every Wan family: WanImageToVideoPipeline's is the same code, except that
+        # diffusers 0.42 calls ftfy there without checking it is installed (a NameError without it)
+        text = WanPipeline(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,
+                           scheduler=self.scheduler)
+        embeds, _ = text.encode_prompt(prompt=prompts, do_classifier_free_guidance=False,
+                                       max_sequence_length=self.max_sequence_length, device=self.text_encoder.device)
         return (embeds,)
 
     def encode(self, prompts: list[str], images: Optional[list[list[Tensor]]] = None) -> Conditioning:

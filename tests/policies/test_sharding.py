@@ -8,6 +8,13 @@ from flowrl.policies.sharding import SHARDED_BLOCKS, denoiser_blocks
 from flowrl.policies.tiny_components import build_transformer
 from tests.policies.tiny_pipelines import flux_components
 from tests.policies.tiny_sd15 import sd15_components
+from tests.policies.tiny_wan import transformer as wan_transformer
+
+
+def wan_experts(two: bool):
+    from flowrl.policies.wan_experts import WanExperts
+
+    return WanExperts(wan_transformer(), wan_transformer() if two else None, 875.0 if two else None)
 
 
 @pytest.mark.parametrize("build,expected", [
@@ -15,7 +22,10 @@ from tests.policies.tiny_sd15 import sd15_components
     (lambda: flux_components()["transformer"], ["transformer_blocks.0", "single_transformer_blocks.0"]),
     (lambda: sd15_components()["unet"], ["down_blocks.0", "down_blocks.1", "mid_block", "up_blocks.0",
                                          "up_blocks.1"]),
-], ids=["sd3", "flux", "sd15"])
+    (lambda: wan_experts(False), ["transformer.blocks.0", "transformer.blocks.1", "transformer"]),
+    (lambda: wan_experts(True), ["transformer.blocks.0", "transformer.blocks.1", "transformer",
+                                 "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2"]),
+], ids=["sd3", "flux", "sd15", "wan21", "wan22"])
 def test_each_denoiser_shards_its_blocks(build, expected):
     denoiser = build()
     blocks = denoiser_blocks(denoiser)
@@ -28,4 +38,5 @@ def test_each_denoiser_shards_its_blocks(build, expected):
 def test_a_denoiser_without_a_plan_is_named():
     with pytest.raises(ValueError, match="no FSDP2 sharding plan for a Linear denoiser.*SHARDED_BLOCKS"):
         denoiser_blocks(nn.Linear(2, 2))
-    assert set(SHARDED_BLOCKS) == {"SD3Transformer2DModel", "FluxTransformer2DModel", "UNet2DConditionModel"}
+    assert set(SHARDED_BLOCKS) == {"SD3Transformer2DModel", "FluxTransformer2DModel", "UNet2DConditionModel",
+                                   "WanExperts"}
