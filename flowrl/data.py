@@ -13,12 +13,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
+
+from flowrl.prompt_records import RecordImages, load_records, record_problems
 
 
 def load_prompts(source: Union[str, list[str]]) -> list[str]:
@@ -138,7 +141,8 @@ def eval_batches(prompts: list[str], samples_per_prompt: int, batch_size: int, f
     """
     rows = list(range(rank, len(prompts) * samples_per_prompt, world_size))  # each rank a disjoint share
     return [{"prompts": [prompts[r % len(prompts)] for r in rows[s:s + batch_size]],
-             "seeds": torch.tensor(rows[s:s + batch_size]) + first_seed}
+             "seeds": torch.tensor(rows[s:s + batch_size]) + first_seed,
+             "prompt_ids": torch.tensor(rows[s:s + batch_size]) % len(prompts)}
             for s in range(0, len(rows), batch_size)]
 
 
@@ -153,10 +157,14 @@ def predict_rows(prompts: list[str], seeds: list[int]) -> list[dict]:
             for i, prompt in enumerate(prompts) for j, seed in enumerate(seeds)]
 
 
-def collate_rows(rows: list[dict]) -> dict:
-    """Rows of :func:`predict_rows` as one batch: ``prompts`` (list), ``seeds [B]`` and ``rows [B]`` (long)."""
-    return {"prompts": [r["prompt"] for r in rows], "seeds": torch.tensor([r["seed"] for r in rows]),
-            "rows": torch.tensor([r["row"] for r in rows])}
+def collate_rows(rows: list[dict], images: Optional[RecordImages] = None, seeds_per_prompt: int = 1) -> dict:
+    """Rows of :func:`predict_rows` as one batch: ``prompts`` (list), ``seeds [B]`` and ``rows [B]`` (long), and
+    with prompt records' ``images`` each row's (prompt ``row // seeds_per_prompt``)."""
+    batch = {"prompts": [r["prompt"] for r in rows], "seeds": torch.tensor([r["seed"] for r in rows]),
+             "rows": torch.tensor([r["row"] for r in rows])}
+    if images is not None:
+        batch["images"] = images([r["row"] // seeds_per_prompt for r in rows])
+    return batch
 
 
 class EpochSampler:
@@ -179,8 +187,8 @@ class GroupBatchLoader:
     """
 
     def __init__(self, prompts: list[str], layout: GroupLayout, rank: int,
-                 consumed: Optional[Callable[[], int]] = None):
-        self.prompts, self.layout, self.rank = prompts, layout, rank
+                 consumed: Optional[Callable[[], int]] = None, images: Optional[RecordImages] = None):
+        self.prompts, self.layout, self.rank, self.images = prompts, layout, rank, images
         self.sampler = EpochSampler()
         self.consumed = consumed or (lambda: self._handed_out)
         self._handed_out, self._resume_at = 0, 0
@@ -194,6 +202,8 @@ class GroupBatchLoader:
         for index in range(start, len(self)):
             batch = group_batch(self.layout, self.sampler.epoch, index, self.rank)
             batch["prompts"] = [self.prompts[i] for i in batch["prompt_ids"].tolist()]
+            if self.images is not None:  # prompt records with images: one list per row
+                batch["images"] = self.images(batch["prompt_ids"].tolist())
             self._handed_out += 1
             yield batch
 
@@ -208,14 +218,16 @@ class GroupBatchLoader:
 class EvalLoader:
     """Fixed evaluation batches as *one* loader (Lightning reads a bare list as several dataloaders)."""
 
-    def __init__(self, batches: list[dict]):
-        self.batches = batches
+    def __init__(self, batches: list[dict], images: Optional[RecordImages] = None):
+        self.batches, self.images = batches, images
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[dict]:
-        return iter(self.batches)
+        if self.images is None:
+            return iter(self.batches)
+        return ({**b, "images": self.images(b["prompt_ids"].tolist())} for b in self.batches)  # read when used
 
 
 class PromptDataModule(LightningDataModule):
@@ -255,9 +267,12 @@ class PromptDataModule(LightningDataModule):
                 raise ValueError("predict needs prompts: set data.predict_prompts (python -m flowrl predict "
                                  "--prompts ... or --prompt_file FILE) or data.val_prompts")
             self.predict_prompts = load_prompts(source)
+            self.predict_images = self._images(source, "data.predict_prompts")
             return
         self.prompts = load_prompts(self.prompt_source)
         self.val_prompts = load_prompts(self.val_source) if self.val_source is not None else []
+        self.train_images = self._images(self.prompt_source, "data.prompts")
+        self.val_images = self._images(self.val_source, "data.val_prompts") if self.val_source is not None else None
         world = self.trainer.world_size if self.trainer else 1
         method = self.trainer.lightning_module if self.trainer else None
         per = method.rollout_cost(method.options)[0] if hasattr(method, "rollout_cost") else 1  # a tree's leaves
@@ -266,19 +281,30 @@ class PromptDataModule(LightningDataModule):
         if problems := self.layout.problems(getattr(method, "min_group_size", 2), type(method).__name__):
             raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
 
+    def _images(self, source, key: str) -> Optional[RecordImages]:
+        """The images of ``source``'s prompt records (None: it has none), checked against the policy's count."""
+        policy = getattr(self.trainer.lightning_module if self.trainer else None, "policy", None)
+        if policy is not None and (problems := record_problems(source, key, policy.conditioning_images,
+                                                               type(policy).__name__)):
+            raise ValueError("invalid prompt records:\n  " + "\n  ".join(problems))
+        return RecordImages.of(load_records(source))
+
     def train_dataloader(self) -> GroupBatchLoader:
         if self.trainer is None:
-            return GroupBatchLoader(self.prompts, self.layout, 0)
+            return GroupBatchLoader(self.prompts, self.layout, 0, images=self.train_images)
         progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
-        return GroupBatchLoader(self.prompts, self.layout, self.trainer.global_rank, lambda: progress.processed)
+        return GroupBatchLoader(self.prompts, self.layout, self.trainer.global_rank, lambda: progress.processed,
+                                self.train_images)
 
     def val_dataloader(self) -> EvalLoader:
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
         return EvalLoader(eval_batches(self.val_prompts, self.val_samples_per_prompt, self.val_batch_size,
-                                       10_000 * (self.seed + 1), rank, world))
+                                       10_000 * (self.seed + 1), rank, world), getattr(self, "val_images", None))
 
     def predict_dataloader(self) -> DataLoader:
         # a DataLoader (not a plain iterable) so that Lightning tracks the rows each batch holds for prediction writers
+        collate = partial(collate_rows, images=getattr(self, "predict_images", None),
+                          seeds_per_prompt=len(self.predict_seeds))
         return DataLoader(predict_rows(self.predict_prompts, self.predict_seeds), batch_size=self.val_batch_size,
-                          shuffle=False, collate_fn=collate_rows)
+                          shuffle=False, collate_fn=collate)
