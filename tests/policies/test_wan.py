@@ -198,3 +198,19 @@ def test_bad_options_fail_before_the_transformer_loads(wan_dirs, monkeypatch, op
     monkeypatch.setattr(WanTransformer3DModel, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(ValueError, match=message):
         wan(wan_dirs["wan21"], **option)
+
+
+def test_collective_forwards_run_both_experts_and_leave_the_output_unchanged(wan_dirs):
+    policy = wan(wan_dirs["wan22"])
+    calls = record_experts(policy.denoiser)
+    t = torch.tensor([999.0, 990.0])  # both rows on the high-noise expert
+    z, embeds = torch.randn(2, *policy.latent_shape()), policy.encode(PROMPTS).embeds
+    expert = policy.denoiser.expert_index(t)
+    alone = policy.denoiser(z, t, embeds, expert=expert)
+    assert calls == [0]
+    both = policy.denoiser(z, t, embeds, expert=expert, collective=True)  # FSDP2: every rank calls every expert
+    assert calls == [0, 0, 1]
+    torch.testing.assert_close(both, alone)
+    both.square().sum().backward()  # the idle expert's backward runs too (zero gradients), as its collectives need
+    idle = [p.grad for n, p in policy.denoiser.transformer_2.named_parameters() if p.requires_grad]
+    assert idle and all(g is not None and g.abs().sum() == 0 for g in idle)
