@@ -1,7 +1,7 @@
 """Per-adapter overhead of flowrl against the bare model calls it wraps, and the memory of its trajectory buffer.
 
-    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15] [--batch 8] [--steps 10]
-        [--repeats 5]
+    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15 wan21 wan22] [--batch 8]
+        [--steps 10] [--repeats 5] [--frames 1 5 9 17]
 
 For each policy adapter at tiny size (the embedded ``flowrl/tiny-digits``; random-weight SD3, FLUX.1 and SD1.5
 pipelines built as the tests build them, saved to a temporary folder and loaded through the adapter's
@@ -10,11 +10,13 @@ pipelines built as the tests build them, saved to a temporary folder and loaded 
 - rollout: ``FlowGRPO.rollout`` (seeded per-sample noise, the SDE step, log-probs, every state recorded) against a
   bare loop of the denoiser calls: the CFG batch with an Euler update (tiny, SD3), the transformer on packed latents
   with embedded guidance and no CFG batch (FLUX, as ``FluxPipeline``), the UNet's CFG epsilon with the DDIM update
-  (SD1.5);
+  (SD1.5), each Wan expert on its rows' steps with its CFG batch (Wan 2.1 / 2.2 video, 9 frames of 32 px);
 - training: ``PPOUpdate.pair_loss`` forward+backward over every trained (sample, step) pair in micro-batches against
   a bare forward+backward of the same micro-batches (mean-square loss on the guided output);
 - memory: bytes of the ``Rollout`` tensors (each storage counted once, at its full size) against the ``B x (T+1) x
-  latent numel x 4`` bytes of float32 latents the buffer must hold (target <= 1.2x).
+  latent numel x 4`` bytes of float32 latents the buffer must hold (target <= 1.2x);
+- with a Wan model: what a training micro-batch keeps for its backward against the video's frames
+  (``scripts/bench_wan.py``), with the slope per latent frame.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from flowrl.policies.base import FlowPolicy  # noqa: E402
 from flowrl.sampling.rollout import Rollout  # noqa: E402
 from scripts.bench_overhead import timed  # noqa: E402
 
-MODELS = ("tiny", "sd3", "flux", "sd15")
+MODELS = ("tiny", "sd3", "flux", "sd15", "wan21", "wan22")
 
 
 def buffer_bytes(rollout: Rollout) -> int:
@@ -168,6 +170,10 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
 
         path = save_sd15(root / "sd15")
         return SD15Policy(str(path), lora=lora, resolution=32), ddim_unet, "ddim", 1.0
+    if name.startswith("wan"):
+        from scripts.bench_wan import save_wan, wan_policy, wan_transformer
+
+        return wan_policy(save_wan(name, root)), wan_transformer, "flow_grpo", 0.7
     raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
 
 
@@ -250,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--guidance", type=float, default=4.5)
+    parser.add_argument("--frames", type=int, nargs="+", default=[1, 5, 9, 17], help="video frames of the memory rows")
     args = parser.parse_args(argv)
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
@@ -262,9 +269,15 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = [measure(name, Path(tmp), args.batch, args.steps, args.micro_batch, args.repeats, args.guidance)
                    for name in args.models]
+        if any(name.startswith("wan") for name in args.models):
+            from scripts.bench_wan import memory_table, training_memory
+
+            frames = memory_table(training_memory(Path(tmp), args.frames, guidance=args.guidance))
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}; batch {args.batch}, "
           f"T={args.steps}, guidance {args.guidance}, micro-batch {args.micro_batch}, median of {args.repeats}")
     print(table(results))
+    if any(name.startswith("wan") for name in args.models):
+        print(f"\ntraining micro-batch of 4 (sample, step) pairs on the tiny Wan 2.1 at 64 px, by frames:\n{frames}")
 
 
 if __name__ == "__main__":

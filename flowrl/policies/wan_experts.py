@@ -95,10 +95,10 @@ class WanExperts(nn.Module):
         experts = self.experts()
 
         def kwargs(rows, module):  # an expert's inputs in its own dtype (an untrained expert may be bf16)
-            image = encoder_hidden_states_image
-            return dict(hidden_states=hidden_states[rows].to(module.dtype), timestep=timestep[rows], return_dict=False,
-                        encoder_hidden_states=encoder_hidden_states[rows].to(module.dtype),
-                        encoder_hidden_states_image=None if image is None else image[rows].to(module.dtype))
+            image, dtype = encoder_hidden_states_image, module.patch_embedding.weight.dtype  # ModelMixin.dtype: slow
+            return dict(hidden_states=hidden_states[rows].to(dtype), timestep=timestep[rows], return_dict=False,
+                        encoder_hidden_states=encoder_hidden_states[rows].to(dtype),
+                        encoder_hidden_states_image=None if image is None else image[rows].to(dtype))
 
         if len(experts) == 1:
             return experts[0](**kwargs(slice(None), experts[0]))[0]

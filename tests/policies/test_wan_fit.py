@@ -96,3 +96,14 @@ def test_fsdp2_two_processes_equal_one_on_the_two_expert_config(wan_dirs, tmp_pa
     weights = torch.load(tmp_path / "two/dump/weights.pt")
     moved = {k.split(".")[1] for k, v in weights.items() if "lora_B" in k and v.abs().sum() > 0}
     assert moved == {"transformer", "transformer_2"}  # both experts trained, sharded over the two ranks
+
+
+def test_the_docs_worked_example_runs(wan_dirs, tmp_path):
+    main(["fit", "--config", str(ROOT / "configs/wan21_flow_grpo.yaml"),
+          "--config", str(ROOT / "docs/data/video/tiny_cpu.yaml"),
+          f"--model.init_args.policy.init_args.model={wan_dirs['wan21']}", f"--trainer.default_root_dir={tmp_path}",
+          f"--trainer.logger.init_args.save_dir={tmp_path}"])
+    metrics = logged(tmp_path)
+    assert metrics["train/check_ratio_max_dev"] < 1e-5 and 0 < metrics["train/reward/temporal_consistency"] < 1
+    assert sorted(p.name for p in next(tmp_path.rglob("samples")).iterdir()) == [
+        "step_000000.gif", "step_000000.png", "step_000001.gif", "step_000001.png"]
