@@ -84,6 +84,23 @@ def test_ode_sample_and_video_are_the_pipelines_for_the_same_noise(wan_dirs, nam
         assert (ode_sample(wan(wan_dirs[name]), 4, 4.0) - ours).abs().max() > 1e-4
 
 
+def test_ti2v_5b_shape_48_channel_vae_and_per_token_timesteps_match_the_pipeline(wan_dirs):
+    policy = wan(wan_dirs["ti2v"], height=64, width=64)
+    pipe = WanPipeline.from_pretrained(wan_dirs["ti2v"])
+    assert policy.expand_timesteps and policy.latent_shape() == (48, 3, 4, 4)  # 64 px / 16, 48 channels
+    cond = policy.encode(PROMPTS)
+    velocity = lambda z, sigma: policy.velocity(z, sigma, cond, 4.0)  # noqa: E731
+    latents, _ = sample(velocity, SEEDS, policy.sigmas(3), policy.latent_shape(), "ode")
+    noise = seeded_noise(SEEDS, policy.latent_shape(), 1)[:, 0]
+    kw = dict(negative_prompt="", height=64, width=64, num_frames=FRAMES, num_inference_steps=3, guidance_scale=4.0,
+              latents=noise, max_sequence_length=16)
+    torch.testing.assert_close(latents[:, -1], pipe(PROMPTS, output_type="latent", **kw).frames, atol=1e-5,
+                               rtol=1e-5)
+    video = policy.decode(latents[:, -1])
+    assert video.shape == (2, FRAMES, 3, 64, 64)
+    torch.testing.assert_close(video, pipe(PROMPTS, output_type="pt", **kw).frames, atol=1e-5, rtol=1e-5)
+
+
 def record_experts(policy_or_pipe):
     """Which expert ran each call (0: transformer, 1: transformer_2), in order."""
     calls = []

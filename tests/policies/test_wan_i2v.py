@@ -80,3 +80,9 @@ def test_images_are_required_one_per_prompt(wan_dirs):
 def test_wan21_i2v_needs_the_512_text_tokens_its_attention_splits_at(wan_dirs):
     with pytest.raises(ValueError, match="policy.max_sequence_length=16: .* set it to 512"):
         i2v(wan_dirs["wan21_i2v"], max_sequence_length=16)
+
+
+def test_ti2v_5b_image_to_video_is_refused_with_the_reason(wan_dirs):
+    with pytest.raises(ValueError, match="TI2V-5B pipeline .* overwrites the first latent frame .* use "
+                                         "flowrl.policies.WanPolicy for its text-to-video"):
+        i2v(wan_dirs["ti2v"], height=64, width=64)

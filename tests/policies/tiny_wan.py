@@ -2,7 +2,7 @@
 characters included) and saved in diffusers layout, so the adapters load them through ``from_pretrained`` like the
 published checkpoints: Wan 2.1 text-to-video, Wan 2.2 A14B's two experts (UniPC with a flow shift and a boundary,
 as published, or FlowMatchEuler), Wan 2.1 image-to-video with a CLIP image encoder, and a TI2V-5B-like pipeline
-(48-channel residual VAE, per-token timesteps). 32 x 32 px, 9 frames: 3 latent frames of 4 x 4."""
+(48-channel residual VAE, per-token timesteps; 64 px). 32 x 32 px, 9 frames: 3 latent frames of 4 x 4."""
 
 from __future__ import annotations
 
@@ -92,6 +92,19 @@ def wan21_i2v() -> dict:
             "image_encoder": encoder, "image_processor": processor}
 
 
+def ti2v() -> dict:
+    """Wan 2.2 TI2V-5B's shape: a 48-channel residual VAE over 2x2 pixel patches (16x spatial compression) and one
+    timestep per token (``expand_timesteps``); 64 px."""
+    from diffusers import AutoencoderKLWan
+
+    vae48 = AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                             temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
+                             out_channels=12, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4,
+                             latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+    return {**text_components(), "vae": vae48, "transformer": transformer(48, 48), "scheduler": euler(5.0),
+            "expand_timesteps": True}
+
+
 def save(pipeline_class, components: dict, out: Path, seed: int = 0) -> Path:
     """Builds ``components`` under ``seed`` (a callable) and writes them with the pipeline's ``save_pretrained``."""
     torch.manual_seed(seed)
@@ -101,11 +114,12 @@ def save(pipeline_class, components: dict, out: Path, seed: int = 0) -> Path:
 
 def save_all(root: Path) -> dict[str, str]:
     """Every tiny Wan pipeline under ``root``: ``wan21``, ``wan22`` (UniPC), ``wan22_euler`` (the same weights with
-    FlowMatchEuler, for ODE comparisons), ``wan21_i2v``."""
+    FlowMatchEuler, for ODE comparisons), ``wan21_i2v``, ``ti2v``."""
     from diffusers import WanImageToVideoPipeline, WanPipeline
 
     paths = {"wan21": save(WanPipeline, wan21, root / "wan21"),
              "wan22": save(WanPipeline, wan22, root / "wan22", seed=1),
              "wan22_euler": save(WanPipeline, lambda: wan22(euler(5.0)), root / "wan22_euler", seed=1),
-             "wan21_i2v": save(WanImageToVideoPipeline, wan21_i2v, root / "wan21_i2v", seed=2)}
+             "wan21_i2v": save(WanImageToVideoPipeline, wan21_i2v, root / "wan21_i2v", seed=2),
+             "ti2v": save(WanPipeline, ti2v, root / "ti2v", seed=3)}
     return {name: str(path) for name, path in paths.items()}
