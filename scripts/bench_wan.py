@@ -103,7 +103,7 @@ def training_memory(root: Path, frames: Sequence[int] = (1, 5, 9, 17), size: int
             chunk, ones = rollout.train_mask.nonzero()[:pairs], torch.ones_like(rollout.log_probs)
             policy.train()
             record["checkpointed" if checkpointing else "saved"] = saved_bytes(
-                lambda: method.ppo.pair_loss(method, rollout, cond, ones, ones, chunk)[0], list(policy.parameters()))
+                lambda: method.pair_loss(rollout, cond, ones, ones, chunk)[0], list(policy.parameters()))
             record["latent"] = tuple(policy.latent_shape())
         rows.append(record)
     return rows

@@ -25,7 +25,7 @@ from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
 from torch import Tensor
 from transformers import AutoTokenizer, UMT5EncoderModel
 
-from flowrl.hub import resolve_model
+from flowrl.model_paths import resolve_model
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.wan_experts import EXPERTS, WanExperts

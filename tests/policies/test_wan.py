@@ -29,7 +29,7 @@ def pipe_call(pipe, policy, steps, guidance, **kw):
 
 def ode_sample(policy, steps, guidance):
     cond = policy.encode(PROMPTS)
-    velocity = lambda z, sigma: policy.velocity(z, sigma, cond, guidance)  # noqa: E731
+    velocity = lambda z, sigma, rows: policy.velocity(z, sigma, cond.select(rows), guidance)  # noqa: E731
     latents, _ = sample(velocity, SEEDS, policy.sigmas(steps), policy.latent_shape(), ODE_STEPS["velocity"])
     return latents[:, -1]
 
@@ -89,7 +89,7 @@ def test_ti2v_5b_shape_48_channel_vae_and_per_token_timesteps_match_the_pipeline
     pipe = WanPipeline.from_pretrained(wan_dirs["ti2v"])
     assert policy.expand_timesteps and policy.latent_shape() == (48, 3, 4, 4)  # 64 px / 16, 48 channels
     cond = policy.encode(PROMPTS)
-    velocity = lambda z, sigma: policy.velocity(z, sigma, cond, 4.0)  # noqa: E731
+    velocity = lambda z, sigma, rows: policy.velocity(z, sigma, cond.select(rows), 4.0)  # noqa: E731
     latents, _ = sample(velocity, SEEDS, policy.sigmas(3), policy.latent_shape(), "ode")
     noise = seeded_noise(SEEDS, policy.latent_shape(), 1)[:, 0]
     kw = dict(negative_prompt="", height=64, width=64, num_frames=FRAMES, num_inference_steps=3, guidance_scale=4.0,

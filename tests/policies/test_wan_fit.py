@@ -16,8 +16,28 @@ from tests.cli.test_fit import assert_two_ranks_equal_one, run_cli
 from tests.test_prompt_records import png
 
 ROOT = Path(__file__).resolve().parents[2]
+#: every video config of configs/ (test_shipped_configs.py leaves them here) and the tiny pipeline it runs on
 CONFIGS = {"wan21_flow_grpo": "wan21", "wan22_flow_grpo": "wan22", "wan_i2v_flow_grpo": "wan21_i2v",
            "wan21_tempflow_grpo": "wan21"}
+
+
+def test_every_video_config_is_covered():
+    assert sorted(p.stem for p in (ROOT / "configs").glob("wan*.yaml")) == sorted(CONFIGS)
+
+
+def samples_per_rollout(config: str, overrides: dict) -> int:
+    """The samples one rollout of the config's method scores (a tree's leaves), with ``overrides`` applied."""
+    from flowrl.methods.option_surface import bound_options
+
+    cfg = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())["model"]
+    method = _class(cfg["class_path"])
+    init = {**cfg["init_args"], **overrides, "policy": None}
+    return method.rollout_cost(bound_options(method, (), init)[0])[0]
+
+
+def _class(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(__import__(module, fromlist=[name]), name)
 
 
 def tiny_overlay(out: Path, model_dir: str, config: str) -> Path:
@@ -30,6 +50,15 @@ def tiny_overlay(out: Path, model_dir: str, config: str) -> Path:
         (out / "p.jsonl").write_text("\n".join(json.dumps({"prompt": p, "images": [f"frames/{i}.png"]})
                                                for i, p in enumerate(prompts)))
     tree = config == "wan21_tempflow_grpo"
+    policy = {"model": model_dir, "height": 32, "width": 32, "num_frames": 9,
+              "max_sequence_length": 512 if i2v else 16, "torch_dtype": "float32", "autocast": None,
+              "gradient_checkpointing": True, "lora": {"rank": 4, "alpha": 8},
+              # Wan 2.2: shift 3 puts the trained steps, t = 999 and 857 of (999, 857, 600), on both experts (875)
+              **({"flow_shift": 3.0} if config == "wan22_flow_grpo" else {})}
+    method = {"num_steps": 3, "eval_num_steps": 2, "num_minibatches": 1, "micro_batch_size": 4,
+              "sample_chunk_size": None, "check_ratio": True, "check_ratio_threshold": 1.0e-5,
+              **({"branches": 2, "tree_chunk_size": None} if tree else {})}
+    leaves = samples_per_rollout(config, method)  # group_size counts samples per prompt: one tree's leaves
     layer = {
         "trainer": {"accelerator": "cpu", "devices": 1, "strategy": "auto", "max_steps": 2, "limit_val_batches": 0,
                     "enable_progress_bar": False, "default_root_dir": str(out),
@@ -41,22 +70,32 @@ def tiny_overlay(out: Path, model_dir: str, config: str) -> Path:
                                    "init_args": {"every_n_steps": 1, "num_images": 2}},
                                   {"class_path": "tests.cli.dump_outputs.DumpOutputs",
                                    "init_args": {"out": str(out / "dump")}}]},
-        "model": {"init_args": {
-            "policy": {"init_args": {"model": model_dir, "height": 32, "width": 32, "num_frames": 9,
-                                     "max_sequence_length": 512 if i2v else 16, "torch_dtype": "float32",
-                                     "autocast": None, "gradient_checkpointing": True,
-                                     "lora": {"rank": 4, "alpha": 8},
-                                     # Wan 2.2: shift 3 puts the trained steps, t = 999 and 857 of (999, 857, 600),
-                                     # on both experts (boundary 875)
-                                     **({"flow_shift": 3.0} if config == "wan22_flow_grpo" else {})}},
-            "num_steps": 3, "eval_num_steps": 2, "num_minibatches": 1, "micro_batch_size": 4,
-            "sample_chunk_size": None, "check_ratio": True, "check_ratio_threshold": 1.0e-5,
-            **({"branches": 2, "tree_chunk_size": None} if tree else {})}},
-        "data": {"prompts": str(out / "p.jsonl") if i2v else prompts, "group_size": 1 if tree else 2,
-                 "num_groups": 2}}
+        "model": {"init_args": {"policy": {"init_args": policy}, **method}},
+        "data": {"prompts": str(out / "p.jsonl") if i2v else prompts, "num_groups": 2,
+                 "group_size": leaves if tree else 2}}
     path = out / "tiny.yaml"
     path.write_text(yaml.safe_dump(layer))
     return path
+
+
+class ChecksPassed(Exception):
+    """Raised where the CLI would instantiate the classes: every check before loading has passed."""
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_each_video_config_passes_the_checks_before_loading_as_shipped(wan_dirs, tmp_path, monkeypatch, config):
+    from flowrl.cli import FlowRLCLI
+
+    def stop(self):
+        raise ChecksPassed
+
+    monkeypatch.setattr(FlowRLCLI, "instantiate_classes", stop)
+    prompts = str(tiny_overlay(tmp_path, wan_dirs[CONFIGS[config]], config).parent / "p.jsonl") \
+        if config == "wan_i2v_flow_grpo" else "[a red cat, a blue dog]"
+    with pytest.raises(ChecksPassed):  # a SystemExit here is a problem the checks found: its text names it
+        main(["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), f"--data.prompts={prompts}",
+              f"--model.init_args.policy.init_args.model={wan_dirs[CONFIGS[config]]}",
+              f"--trainer.default_root_dir={tmp_path}"])
 
 
 def logged(out: Path) -> dict:

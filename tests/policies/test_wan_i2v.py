@@ -52,7 +52,7 @@ def test_ode_sample_is_the_pipelines_for_the_same_noise_and_first_frame(wan_dirs
     pipe = WanImageToVideoPipeline.from_pretrained(wan_dirs["wan21_i2v"])
     frame = first_frames(1)[0]
     cond = policy.encode(PROMPTS, images=[[frame], [frame]])
-    velocity = lambda z, sigma: policy.velocity(z, sigma, cond, 4.0)  # noqa: E731
+    velocity = lambda z, sigma, rows: policy.velocity(z, sigma, cond.select(rows), 4.0)  # noqa: E731
     latents, _ = sample(velocity, SEEDS, policy.sigmas(3), policy.latent_shape(), "ode")
     noise = seeded_noise(SEEDS, policy.latent_shape(), 1)[:, 0]
     # the prompts' embeddings as the adapter's (the same as WanPipeline's encode_prompt, test_wan.py): diffusers'
