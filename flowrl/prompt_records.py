@@ -9,8 +9,8 @@ float tensors ``[3, H, W]`` in ``[0, 1]`` (``batch["images"]``, one list per row
 reads a file (EXIF orientation applied, RGB), each distinct record once per batch.
 
 :func:`prompt_record_problems` checks a parsed config's prompt sources against the policy's
-``conditioning_images`` before any weight loads: missing or unreadable images and wrong counts, each naming the key,
-the file, the line and the fix.
+``conditioning_images`` before any weight loads (:func:`config_record_problems` reads both from a parsed config):
+missing or unreadable images and wrong counts, each naming the key, the file, the line and the fix.
 """
 
 from __future__ import annotations
@@ -156,6 +156,21 @@ def prompt_record_problems(data: Mapping[str, Any], conditioning_images: int,
             continue
         problems += record_problems(source, f"data.{name}", conditioning_images, policy)
     return problems
+
+
+def config_record_problems(config: Any) -> list[str]:
+    """:func:`prompt_record_problems` for a parsed (not instantiated) ``fit`` / ``predict`` config: the policy class
+    named at ``model.init_args.policy.class_path`` is imported (no weights load) for its ``conditioning_images``.
+    A config without a policy or data section has nothing to check here."""
+    import importlib
+
+    plain = lambda node: node.as_dict() if hasattr(node, "as_dict") else dict(node or {})  # noqa: E731
+    policy = plain(plain(plain(config.get("model")).get("init_args")).get("policy"))
+    if not policy.get("class_path"):
+        return []
+    module, _, name = policy["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    return prompt_record_problems(plain(config.get("data")), getattr(cls, "conditioning_images", 0), name)
 
 
 class RecordImages:

@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from flowrl.data import PromptDataModule
-from flowrl.prompt_records import PromptRecord, load_image, load_records, prompt_record_problems, record_problems
+from flowrl.prompt_records import (PromptRecord, config_record_problems, load_image, load_records,
+                                   prompt_record_problems, record_problems)
 
 
 def png(path: Path, value: int, size=(6, 4)) -> Path:
@@ -122,6 +123,24 @@ def test_the_pre_load_check_reads_a_parsed_data_config_and_the_policy_class_only
     problems = prompt_record_problems(data, SD3Policy.conditioning_images, "SD3Policy")
     assert [p.split(" line ")[1][:1] for p in problems] == ["1", "2", "3"]  # every record names its line
     assert all(p.startswith(f"data.prompts={records_file}") for p in problems)
+
+
+def test_a_parsed_config_is_checked_from_its_policy_class_alone(tmp_path, records_file, monkeypatch):
+    from jsonargparse import Namespace
+
+    import flowrl.policies.wan as wan
+
+    monkeypatch.setattr(wan.WanPolicy, "__init__", lambda *a, **k: pytest.fail("instantiated"))
+    config = Namespace(model=Namespace(init_args=Namespace(policy=Namespace(
+        class_path="flowrl.policies.WanPolicy", init_args=Namespace(model="Wan-AI/Wan2.1-T2V-1.3B-Diffusers")))),
+        data=Namespace(prompts=records_file, val_prompts=["a cat"]))
+    problems = config_record_problems(config)
+    assert len(problems) == 3 and "WanPolicy takes none (text only)" in problems[0]
+    config.model.init_args.policy.class_path = "flowrl.policies.WanI2VPolicy"
+    assert config_record_problems(config) == [
+        "data.val_prompts: WanI2VPolicy conditions every prompt on images, but data.val_prompts gives prompts only; "
+        "give a .jsonl file whose records carry an \"images\" list of paths"]
+    assert config_record_problems({"data": {"prompts": records_file}}) == []  # no policy named: nothing to check
 
 
 def test_the_data_module_checks_records_against_the_policy_at_setup(tmp_path):

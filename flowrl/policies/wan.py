@@ -94,12 +94,10 @@ class WanPolicy(PipelinePolicy):
         index = self.pipeline_class.load_config(path)
         self.height, self.width, self.num_frames = height, width, num_frames
         self.max_sequence_length, self.negative_prompt = max_sequence_length, negative_prompt
-        self.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32).eval()
-        if vae_tiling:
-            self.vae.enable_tiling()
         two = (index.get("transformer_2") or [None])[0] is not None
         patch = WanTransformer3DModel.load_config(path, subfolder="transformer")["patch_size"]
-        spatial, temporal = self.vae.config.scale_factor_spatial, self.vae.config.scale_factor_temporal
+        vae = AutoencoderKLWan.load_config(path, subfolder="vae")  # the sizes are checked before any weight loads
+        spatial, temporal = vae.get("scale_factor_spatial", 8), vae.get("scale_factor_temporal", 4)
         problems = video_size_problems(height, width, num_frames, spatial * patch[1], temporal)
         if guidance_scale_2 is not None and not two:
             problems.append(f"policy.guidance_scale_2={guidance_scale_2} needs Wan 2.2's second expert "
@@ -110,6 +108,9 @@ class WanPolicy(PipelinePolicy):
             raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
         self.guidance_scale_2, self.expand_timesteps = guidance_scale_2, bool(index.get("expand_timesteps"))
         self.boundary_ratio = index.get("boundary_ratio")
+        self.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32).eval()
+        if vae_tiling:
+            self.vae.enable_tiling()
         self.scheduler = load_scheduler(path, flow_shift)
         self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
         self.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder",

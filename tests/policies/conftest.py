@@ -30,7 +30,8 @@ def sd15_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def wan_dirs(tmp_path_factory):
-    """Tiny Wan pipelines: ``wan21``, ``wan22`` (two experts, UniPC), ``wan22_euler``, ``wan21_i2v``, ``ti2v``."""
+    """Tiny Wan pipelines: ``wan21``, ``wan22`` (two experts, UniPC), ``wan22_euler``, ``wan21_i2v``, ``wan22_i2v``,
+    ``ti2v``."""
     from tests.policies.tiny_wan import save_all
 
     return save_all(tmp_path_factory.mktemp("wan"))

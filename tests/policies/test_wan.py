@@ -209,10 +209,13 @@ def test_mixed_precision_keeps_trained_weights_and_velocities_in_float32(wan_dir
     ({"trained_experts": ["transformer_3"]}, "policy.trained_experts names"),
     ({"flow_shift": 0.0}, "policy.flow_shift=0.0 must be > 0"),
 ])
-def test_bad_options_fail_before_the_transformer_loads(wan_dirs, monkeypatch, option, message):
+def test_bad_options_fail_before_any_weight_loads(wan_dirs, monkeypatch, option, message):
     from diffusers import WanTransformer3DModel
 
-    monkeypatch.setattr(WanTransformer3DModel, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    from diffusers import AutoencoderKLWan
+
+    for cls in (WanTransformer3DModel, AutoencoderKLWan):
+        monkeypatch.setattr(cls, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(ValueError, match=message):
         wan(wan_dirs["wan21"], **option)
 

@@ -66,3 +66,28 @@ def test_full_finetuning_exports_the_whole_pipeline(wan_dirs, tmp_path):
     export_pipeline(policy, tmp_path / "full")
     loaded = WanPipeline.from_pretrained(tmp_path / "full").transformer.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in policy.denoiser.transformer.state_dict().items())
+
+
+def test_export_command_from_a_two_expert_fit_checkpoint(wan_dirs, tmp_path):
+    from pathlib import Path
+
+    from peft.utils import get_peft_model_state_dict
+
+    from flowrl.cli import main
+    from tests.policies.test_wan_fit import ROOT, tiny_overlay
+
+    out = tmp_path / "run"
+    out.mkdir()
+    main(["fit", "--config", str(ROOT / "configs/wan22_flow_grpo.yaml"),
+          "--config", str(tiny_overlay(out, wan_dirs["wan22"], "wan22_flow_grpo")),
+          "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+          "--trainer.callbacks.every_n_train_steps=2"])  # the config validates by steps: no epoch-end save
+    ckpt = next(Path(out).rglob("*.ckpt"))
+    main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "lora")])
+    saved = torch.load(ckpt, weights_only=False)["state_dict"]
+    pipe = load_exported(WanPipeline.from_pretrained(wan_dirs["wan22"]), tmp_path / "lora")
+    for expert in ("transformer", "transformer_2"):
+        want = {k[len(f"policy.denoiser.{expert}."):].replace(".default", ""): v for k, v in saved.items()
+                if k.startswith(f"policy.denoiser.{expert}.") and "lora_" in k}
+        loaded = get_peft_model_state_dict(getattr(pipe, expert), adapter_name="default_0")
+        assert want and sorted(loaded) == sorted(want) and all(torch.equal(loaded[k], want[k]) for k in want)

@@ -1,6 +1,6 @@
-"""The Wan image-to-video adapter on a tiny random-weight WanImageToVideoPipeline (Wan 2.1 I2V, CLIP image encoder):
-the first frame's conditioning is the pipeline's, encoded once per distinct image, and the ODE sample is the
-pipeline's for the same noise and image; images of the wrong count are refused."""
+"""The Wan image-to-video adapter on tiny random-weight WanImageToVideoPipelines (Wan 2.1 I2V with its CLIP image
+encoder; Wan 2.2 I2V A14B's two experts): the first frame's conditioning is the pipeline's, encoded once per distinct
+image, and the ODE sample is the pipeline's for the same noise and image; images of the wrong count are refused."""
 
 import pytest
 import torch
@@ -47,9 +47,11 @@ def test_conditioning_is_the_pipelines_and_each_image_is_encoded_once(wan_dirs, 
     assert len(calls) == 2  # cached across batches
 
 
-def test_ode_sample_is_the_pipelines_for_the_same_noise_and_first_frame(wan_dirs):
-    policy = i2v(wan_dirs["wan21_i2v"])
-    pipe = WanImageToVideoPipeline.from_pretrained(wan_dirs["wan21_i2v"])
+@pytest.mark.parametrize("name, extra", [("wan21_i2v", {}), ("wan22_i2v", {"guidance_scale_2": 2.0})])
+def test_ode_sample_is_the_pipelines_for_the_same_noise_and_first_frame(wan_dirs, name, extra):
+    policy = i2v(wan_dirs[name], **extra, **({} if name == "wan21_i2v" else {"max_sequence_length": 16}))
+    pipe = WanImageToVideoPipeline.from_pretrained(wan_dirs[name])
+    assert (policy.image_encoder is None) == (name == "wan22_i2v")  # Wan 2.2 I2V reads no CLIP image tokens
     frame = first_frames(1)[0]
     cond = policy.encode(PROMPTS, images=[[frame], [frame]])
     velocity = lambda z, sigma, rows: policy.velocity(z, sigma, cond.select(rows), 4.0)  # noqa: E731
@@ -59,7 +61,7 @@ def test_ode_sample_is_the_pipelines_for_the_same_noise_and_first_frame(wan_dirs
     # WanImageToVideoPipeline cleans prompts with ftfy unconditionally, which the test environment lacks
     want = pipe(image=to_pil(frame[None])[0], prompt_embeds=cond.embeds, negative_prompt_embeds=cond.null_embeds,
                 height=SIZE, width=SIZE, num_frames=FRAMES, num_inference_steps=3, guidance_scale=4.0, latents=noise,
-                output_type="latent").frames
+                output_type="latent", **extra).frames
     torch.testing.assert_close(latents[:, -1], want, atol=1e-5, rtol=1e-5)
     other = policy.encode(PROMPTS, images=[[first_frames(2)[0]]] * 2)
     with torch.no_grad():  # the first frame conditions the velocity

@@ -92,6 +92,12 @@ def wan21_i2v() -> dict:
             "image_encoder": encoder, "image_processor": processor}
 
 
+def wan22_i2v() -> dict:
+    """Wan 2.2 I2V A14B: two experts (boundary 0.9 as published) on the 36 input channels, no image encoder."""
+    return {**text_components(), "transformer": transformer(36, 16), "transformer_2": transformer(36, 16),
+            "scheduler": euler(5.0), "boundary_ratio": 0.9}
+
+
 def ti2v() -> dict:
     """Wan 2.2 TI2V-5B's shape: a 48-channel residual VAE over 2x2 pixel patches (16x spatial compression) and one
     timestep per token (``expand_timesteps``); 64 px."""
@@ -114,12 +120,13 @@ def save(pipeline_class, components: dict, out: Path, seed: int = 0) -> Path:
 
 def save_all(root: Path) -> dict[str, str]:
     """Every tiny Wan pipeline under ``root``: ``wan21``, ``wan22`` (UniPC), ``wan22_euler`` (the same weights with
-    FlowMatchEuler, for ODE comparisons), ``wan21_i2v``, ``ti2v``."""
+    FlowMatchEuler, for ODE comparisons), ``wan21_i2v``, ``wan22_i2v``, ``ti2v``."""
     from diffusers import WanImageToVideoPipeline, WanPipeline
 
     paths = {"wan21": save(WanPipeline, wan21, root / "wan21"),
              "wan22": save(WanPipeline, wan22, root / "wan22", seed=1),
              "wan22_euler": save(WanPipeline, lambda: wan22(euler(5.0)), root / "wan22_euler", seed=1),
              "wan21_i2v": save(WanImageToVideoPipeline, wan21_i2v, root / "wan21_i2v", seed=2),
+             "wan22_i2v": save(WanImageToVideoPipeline, wan22_i2v, root / "wan22_i2v", seed=4),
              "ti2v": save(WanPipeline, ti2v, root / "ti2v", seed=3)}
     return {name: str(path) for name, path in paths.items()}
