@@ -54,7 +54,7 @@ def main() -> None:
             return policy.velocity(z, sigma, cond.select(rows), args.guidance)
 
         every = torch.arange(args.batch, device=args.device)
-        latents, _ = sample(lambda z, s: velocity(z, s, every), torch.arange(args.batch), sigmas,
+        latents, _ = sample(lambda z, s, rows: velocity(z, s, every), torch.arange(args.batch), sigmas,
                             policy.latent_shape(), "flow_grpo", 0.7, device=args.device)
         completed = complete_trajectories(velocity, latents, sigmas)
     nfe = rows_evaluated[0] / args.batch

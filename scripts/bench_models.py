@@ -1,22 +1,25 @@
 """Per-adapter overhead of flowrl against the bare model calls it wraps, and the memory of its trajectory buffer.
 
-    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15 wan21 wan22] [--batch 8]
-        [--steps 10] [--repeats 5] [--frames 1 5 9 17]
+    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15 qwen_image flux2 zimage wan21
+        wan22] [--batch 8] [--steps 10] [--repeats 5] [--frames 1 5 9 17]
 
-For each policy adapter at tiny size (the embedded ``flowrl/tiny-digits``; random-weight SD3, FLUX.1 and SD1.5
-pipelines built as the tests build them, saved to a temporary folder and loaded through the adapter's
-``from_pretrained`` path), side by side in one process with the calls interleaved (as ``bench_overhead.py``):
+For each policy adapter at tiny size (the embedded ``flowrl/tiny-digits``; random-weight SD3, FLUX.1, SD1.5,
+Qwen-Image, FLUX.2 [klein] base and Z-Image pipelines built as the tests build them, saved to a temporary folder and
+loaded through the adapter's ``from_pretrained`` path), side by side in one process with the calls interleaved (as
+``bench_overhead.py``):
 
 - rollout: ``FlowGRPO.rollout`` (seeded per-sample noise, the SDE step, log-probs, every state recorded) against a
   bare loop of the denoiser calls: the CFG batch with an Euler update (tiny, SD3), the transformer on packed latents
   with embedded guidance and no CFG batch (FLUX, as ``FluxPipeline``), the UNet's CFG epsilon with the DDIM update
-  (SD1.5), each Wan expert on its rows' steps with its CFG batch (Wan 2.1 / 2.2 video, 9 frames of 32 px);
+  (SD1.5), the new families' transformers as their pipelines call them (``bench_family_calls.py``: packed
+  latents, masks and the norm rescale for Qwen-Image, tokens and position ids for FLUX.2, lists of latents and
+  unpadded captions at reversed time for Z-Image), and each Wan expert on its rows' steps with its CFG batch (Wan 2.1 /
+  2.2 video, 9 frames of 32 px, ``bench_wan.py``);
 - training: ``PPOUpdate.pair_loss`` forward+backward over every trained (sample, step) pair in micro-batches against
   a bare forward+backward of the same micro-batches (mean-square loss on the guided output);
 - memory: bytes of the ``Rollout`` tensors (each storage counted once, at its full size) against the ``B x (T+1) x
-  latent numel x 4`` bytes of float32 latents the buffer must hold (target <= 1.2x);
-- with a Wan model: what a training micro-batch keeps for its backward against the video's frames
-  (``scripts/bench_wan.py``), with the slope per latent frame.
+  latent numel x 4`` bytes of float32 latents the buffer must hold (target <= 1.2x); with a Wan model, what a
+  training micro-batch keeps for its backward against the video's frames (``bench_wan.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ from flowrl.policies import LoraOptions  # noqa: E402
 from flowrl.policies.base import FlowPolicy  # noqa: E402
 from flowrl.sampling.rollout import Rollout  # noqa: E402
 from scripts.bench_overhead import timed  # noqa: E402
+from scripts.bench_wan import frames_report, wan_model  # noqa: E402
 
-MODELS = ("tiny", "sd3", "flux", "sd15", "wan21", "wan22")
+MODELS = ("tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "wan21", "wan22")
 
 
 def buffer_bytes(rollout: Rollout) -> int:
@@ -164,6 +168,8 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
         path = save_pipeline(FluxPipeline, flux_components, root / "flux")
         policy = FluxPolicy(str(path), lora=lora, resolution=32, max_sequence_length=8)
         return policy, flux_transformer, "flow_grpo", 0.7
+    if name in ("qwen_image", "flux2", "zimage"):
+        return (*new_family(name, root, lora), "flow_grpo", 0.7)
     if name == "sd15":
         from flowrl.policies import SD15Policy
         from tests.policies.tiny_sd15 import save_sd15
@@ -171,10 +177,25 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
         path = save_sd15(root / "sd15")
         return SD15Policy(str(path), lora=lora, resolution=32), ddim_unet, "ddim", 1.0
     if name.startswith("wan"):
-        from scripts.bench_wan import save_wan, wan_policy, wan_transformer
-
-        return wan_policy(save_wan(name, root)), wan_transformer, "flow_grpo", 0.7
+        return wan_model(name, root)
     raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
+
+
+def new_family(name: str, root: Path, lora: LoraOptions) -> tuple[FlowPolicy, Callable]:
+    """A Qwen-Image, FLUX.2 [klein] base or Z-Image adapter on its tiny pipeline, and its bare-call builder."""
+    from diffusers import Flux2KleinPipeline, QwenImagePipeline, ZImagePipeline
+
+    from flowrl.policies import Flux2Policy, QwenImagePolicy, ZImagePolicy
+    from scripts import bench_family_calls as bare
+    from tests.policies import tiny_families as tiny
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    policy_class, pipeline_class, build, make_bare = {
+        "qwen_image": (QwenImagePolicy, QwenImagePipeline, tiny.qwen_image_components, bare.qwen_image_transformer),
+        "flux2": (Flux2Policy, Flux2KleinPipeline, tiny.flux2_klein_components, bare.flux2_transformer),
+        "zimage": (ZImagePolicy, ZImagePipeline, tiny.zimage_components, bare.zimage_transformer)}[name]
+    path = save_pipeline(pipeline_class, build, root / name)
+    return policy_class(str(path), lora=lora, resolution=32, max_sequence_length=16), make_bare
 
 
 def measure(name: str, root: Path, batch: int, steps: int, micro_batch: int, repeats: int,
@@ -269,15 +290,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = [measure(name, Path(tmp), args.batch, args.steps, args.micro_batch, args.repeats, args.guidance)
                    for name in args.models]
-        if any(name.startswith("wan") for name in args.models):
-            from scripts.bench_wan import memory_table, training_memory
-
-            frames = memory_table(training_memory(Path(tmp), args.frames, guidance=args.guidance))
+        frames = frames_report(args.models, Path(tmp), args.frames, args.guidance)  # "" without a Wan model
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}; batch {args.batch}, "
           f"T={args.steps}, guidance {args.guidance}, micro-batch {args.micro_batch}, median of {args.repeats}")
-    print(table(results))
-    if any(name.startswith("wan") for name in args.models):
-        print(f"\ntraining micro-batch of 4 (sample, step) pairs on the tiny Wan 2.1 at 64 px, by frames:\n{frames}")
+    print(table(results) + frames)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def main() -> None:
     noise = torch.randn(args.batch, *shape)
 
     def flowrl_rollout():
-        velocity = lambda z, s: policy.velocity(z, s, cond, args.guidance)  # noqa: E731
+        velocity = lambda z, s, rows=None: policy.velocity(z, s, cond, args.guidance)  # noqa: E731
         return sample(velocity, seeds, sigmas, shape, "flow_grpo", 0.7)
 
     @torch.no_grad()

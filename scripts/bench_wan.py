@@ -37,6 +37,11 @@ def wan_policy(path: str, frames: int = 9, size: int = 32, checkpointing: bool =
                      max_sequence_length=16, gradient_checkpointing=checkpointing)
 
 
+def wan_model(name: str, root: Path) -> tuple:
+    """``bench_models.build_policy``'s row for ``wan21`` / ``wan22``: the adapter, its bare calls, step kind, level."""
+    return wan_policy(save_wan(name, root)), wan_transformer, "flow_grpo", 0.7
+
+
 def wan_transformer(policy, cond, sigmas: Tensor, guidance: float):
     """Wan as ``WanPipeline`` calls it: each expert on the rows whose step's timestep falls on it, the conditional and
     unconditional rows as one batch, the expert's guidance scale, an Euler update."""
@@ -132,3 +137,11 @@ def memory_table(rows: list[dict]) -> str:
     lines.append(f"\nslope: {per[0]:.1f} KiB per latent frame (4 video frames) without checkpointing, {per[1]:.1f} "
                  "KiB with it")
     return "\n".join(lines)
+
+
+def frames_report(models: Sequence[str], root: Path, frames: Sequence[int], guidance: float) -> str:
+    """The memory table under its heading when ``models`` include a Wan model, else ``""``."""
+    if not any(name in WAN_MODELS for name in models):
+        return ""
+    table = memory_table(training_memory(root, frames, guidance=guidance))
+    return f"\n\ntraining micro-batch of 4 (sample, step) pairs on the tiny Wan 2.1 at 64 px, by frames:\n{table}"

@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
         cond = policy.encode(prompts)
         seeds = torch.randint(2**62, (args.batch_size,), generator=gen)
         with torch.no_grad(), policy.reference():  # the teacher: the backbone alone, guided
-            latents, _ = sample(lambda z, s: policy.velocity(z, s, cond, args.teacher_guidance), seeds, teacher_sigmas,
+            latents, _ = sample(lambda z, s, rows: policy.velocity(z, s, cond, args.teacher_guidance), seeds, teacher_sigmas,
                                 policy.latent_shape(), "ode")
         states = latents[:, ::every]  # [B, K + 1, ...] the teacher's states on the student's grid
         k = torch.randint(args.steps, (args.batch_size,), generator=gen)

@@ -12,7 +12,9 @@ way, so it costs each rank a shard, never a whole copy.
 Text encoders and the VAE stay whole on every rank, frozen and in eval: each rank encodes its own prompts through a
 per-rank cache and decodes its own images, and a sharded encoder would turn every one of those calls into a
 collective that the ranks' different cache hits could not keep in step. For T5-XXL (SD3, FLUX) that is ~9 GB per rank
-in bf16; ``text_encoder_3: false`` drops it.
+in bf16; ``text_encoder_3: false`` drops it. The LLM encoders of the newer families cost more: Qwen2.5-VL-7B
+(Qwen-Image) ~16 GB, Mistral-Small-3.1 24B (FLUX.2 [dev]) ~48 GB, Qwen3-4B / 8B (Z-Image, FLUX.2 [klein]) ~8 / 16 GB
+per rank in bf16.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from torch import nn
 SHARDED_BLOCKS: dict[str, tuple[str, ...]] = {
     "SD3Transformer2DModel": ("transformer_blocks",),  # SD3 / SD3.5 and the embedded tiny model
     "FluxTransformer2DModel": ("transformer_blocks", "single_transformer_blocks"),
+    "Flux2Transformer2DModel": ("transformer_blocks", "single_transformer_blocks"),  # FLUX.2 [klein], [dev]
+    "QwenImageTransformer2DModel": ("transformer_blocks",),
+    # Z-Image: the image and caption refiners run before the main single-stream layers
+    "ZImageTransformer2DModel": ("noise_refiner", "context_refiner", "layers"),
     "UNet2DConditionModel": ("down_blocks", "mid_block", "up_blocks"),  # SD1.5
     # Wan (flowrl.policies.wan_experts): every block of each expert, then each expert with what is left of it (patch
     # and condition embeddings, output norm and projection), so an expert's weights are gathered only when it runs

@@ -1,4 +1,5 @@
-"""Tiny random-weight SD3, FLUX.1, SD1.5 and Wan pipelines saved once per session."""
+"""Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image, FLUX.2 [klein] and [dev], Z-Image, Wan) saved once
+per session."""
 
 import pytest
 
@@ -26,6 +27,69 @@ def sd15_dir(tmp_path_factory):
     from tests.policies.tiny_sd15 import save_sd15
 
     return str(save_sd15(tmp_path_factory.mktemp("sd15")))
+
+
+@pytest.fixture(scope="session")
+def qwen_image_dir(tmp_path_factory):
+    from diffusers import QwenImagePipeline
+
+    from tests.policies.tiny_families import qwen_image_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(QwenImagePipeline, qwen_image_components, tmp_path_factory.mktemp("qwen_image")))
+
+
+@pytest.fixture(scope="session")
+def flux2_dir(tmp_path_factory):
+    """FLUX.2 [klein] base: sampled with CFG (``is_distilled`` false, the pipeline's default)."""
+    from diffusers import Flux2KleinPipeline
+
+    from tests.policies.tiny_families import flux2_klein_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(Flux2KleinPipeline, flux2_klein_components, tmp_path_factory.mktemp("flux2")))
+
+
+@pytest.fixture(scope="session")
+def flux2_distilled_dir(flux2_dir, tmp_path_factory):
+    """The same weights as a step-distilled FLUX.2 [klein] (``is_distilled`` true: no CFG)."""
+    from pathlib import Path
+
+    from tests.policies.tiny_families import set_distilled
+
+    return str(set_distilled(Path(flux2_dir), tmp_path_factory.mktemp("flux2_distilled") / "model", True))
+
+
+@pytest.fixture(scope="session")
+def zimage_dir(tmp_path_factory):
+    from diffusers import ZImagePipeline
+
+    from tests.policies.tiny_families import zimage_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(ZImagePipeline, zimage_components, tmp_path_factory.mktemp("zimage")))
+
+
+@pytest.fixture(scope="session")
+def flux2_dev_dir(tmp_path_factory):
+    """FLUX.2 [dev]: Flux2Pipeline, Mistral3 text encoder, guidance embedded (no CFG)."""
+    from diffusers import Flux2Pipeline
+
+    from tests.policies.tiny_families import flux2_dev_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(Flux2Pipeline, flux2_dev_components, tmp_path_factory.mktemp("flux2_dev")))
+
+
+@pytest.fixture
+def refuse_weights(monkeypatch):
+    """Loading any diffusers model's weights fails: what a test then sees was found from the configs alone."""
+    from diffusers import ModelMixin
+
+    def refuse(cls, *args, **kwargs):
+        raise AssertionError(f"{cls.__name__} weights loaded before the options were checked")
+
+    monkeypatch.setattr(ModelMixin, "from_pretrained", classmethod(refuse))
 
 
 @pytest.fixture(scope="session")

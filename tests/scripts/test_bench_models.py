@@ -37,7 +37,8 @@ def test_buffer_bytes_from_known_sizes(bench):
     assert bench.buffer_bytes(rollout) == 256 + 24 + 16 + 6 + 48 + 8
 
 
-@pytest.mark.parametrize("name", ["tiny", "sd3", "flux", "sd15", "wan21", "wan22"])
+@pytest.mark.parametrize("name", ["tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "wan21",
+                                  "wan22"])
 def test_bare_output_is_the_adapters_guided_output(bench, name, tmp_path):
     policy, make_bare, _, _ = bench.build_policy(name, tmp_path)
     cond = policy.encode(["a red cat", "a blue dog"])
