@@ -13,8 +13,7 @@ loaded through the adapter's ``from_pretrained`` path), side by side in one proc
   with embedded guidance and no CFG batch (FLUX, as ``FluxPipeline``), the UNet's CFG epsilon with the DDIM update
   (SD1.5), the new families' transformers as their pipelines call them (``bench_family_calls.py``: packed
   latents, masks and the norm rescale for Qwen-Image, tokens and position ids for FLUX.2, lists of latents and
-  unpadded captions at reversed time for Z-Image), and each Wan expert on its rows' steps with its CFG batch (Wan 2.1 /
-  2.2 video, 9 frames of 32 px, ``bench_wan.py``);
+  unpadded captions at reversed time for Z-Image), each Wan expert on its rows' steps with CFG (``bench_wan.py``);
 - training: ``PPOUpdate.pair_loss`` forward+backward over every trained (sample, step) pair in micro-batches against
   a bare forward+backward of the same micro-batches (mean-square loss on the guided output);
 - memory: bytes of the ``Rollout`` tensors (each storage counted once, at its full size) against the ``B x (T+1) x
