@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
 
@@ -21,7 +20,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from flowrl.prompt_records import RecordImages, load_records, record_problems
+from flowrl.prompt_records import RecordImages, source_images
 
 
 def load_prompts(source: Union[str, list[str]]) -> list[str]:
@@ -157,14 +156,10 @@ def predict_rows(prompts: list[str], seeds: list[int]) -> list[dict]:
             for i, prompt in enumerate(prompts) for j, seed in enumerate(seeds)]
 
 
-def collate_rows(rows: list[dict], images: Optional[RecordImages] = None, seeds_per_prompt: int = 1) -> dict:
-    """Rows of :func:`predict_rows` as one batch: ``prompts`` (list), ``seeds [B]`` and ``rows [B]`` (long), and
-    with prompt records' ``images`` each row's (prompt ``row // seeds_per_prompt``)."""
-    batch = {"prompts": [r["prompt"] for r in rows], "seeds": torch.tensor([r["seed"] for r in rows]),
-             "rows": torch.tensor([r["row"] for r in rows])}
-    if images is not None:
-        batch["images"] = images([r["row"] // seeds_per_prompt for r in rows])
-    return batch
+def collate_rows(rows: list[dict]) -> dict:
+    """Rows of :func:`predict_rows` as one batch: ``prompts`` (list), ``seeds [B]`` and ``rows [B]`` (long)."""
+    return {"prompts": [r["prompt"] for r in rows], "seeds": torch.tensor([r["seed"] for r in rows]),
+            "rows": torch.tensor([r["row"] for r in rows])}
 
 
 class EpochSampler:
@@ -267,12 +262,12 @@ class PromptDataModule(LightningDataModule):
                 raise ValueError("predict needs prompts: set data.predict_prompts (python -m flowrl predict "
                                  "--prompts ... or --prompt_file FILE) or data.val_prompts")
             self.predict_prompts = load_prompts(source)
-            self.predict_images = self._images(source, "data.predict_prompts")
+            self.predict_images = source_images(source, "data.predict_prompts", self.trainer)
             return
         self.prompts = load_prompts(self.prompt_source)
         self.val_prompts = load_prompts(self.val_source) if self.val_source is not None else []
-        self.train_images = self._images(self.prompt_source, "data.prompts")
-        self.val_images = self._images(self.val_source, "data.val_prompts") if self.val_source is not None else None
+        self.train_images = source_images(self.prompt_source, "data.prompts", self.trainer)  # None: prompts only
+        self.val_images = source_images(self.val_source, "data.val_prompts", self.trainer)
         world = self.trainer.world_size if self.trainer else 1
         method = self.trainer.lightning_module if self.trainer else None
         per = method.rollout_cost(method.options)[0] if hasattr(method, "rollout_cost") else 1  # a tree's leaves
@@ -280,14 +275,6 @@ class PromptDataModule(LightningDataModule):
                                   self.spread_groups, self.seed, per)
         if problems := self.layout.problems(getattr(method, "min_group_size", 2), type(method).__name__):
             raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
-
-    def _images(self, source, key: str) -> Optional[RecordImages]:
-        """The images of ``source``'s prompt records (None: it has none), checked against the policy's count."""
-        policy = getattr(self.trainer.lightning_module if self.trainer else None, "policy", None)
-        if policy is not None and (problems := record_problems(source, key, policy.conditioning_images,
-                                                               type(policy).__name__)):
-            raise ValueError("invalid prompt records:\n  " + "\n  ".join(problems))
-        return RecordImages.of(load_records(source))
 
     def train_dataloader(self) -> GroupBatchLoader:
         if self.trainer is None:
@@ -304,7 +291,7 @@ class PromptDataModule(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         # a DataLoader (not a plain iterable) so that Lightning tracks the rows each batch holds for prediction writers
-        collate = partial(collate_rows, images=getattr(self, "predict_images", None),
-                          seeds_per_prompt=len(self.predict_seeds))
+        images = getattr(self, "predict_images", None)  # row r of predict_rows: prompt r // len(predict_seeds)
+        collate = collate_rows if images is None else images.collating(collate_rows, len(self.predict_seeds))
         return DataLoader(predict_rows(self.predict_prompts, self.predict_seeds), batch_size=self.val_batch_size,
                           shuffle=False, collate_fn=collate)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -173,6 +173,22 @@ def config_record_problems(config: Any) -> list[str]:
     return prompt_record_problems(plain(config.get("data")), getattr(cls, "conditioning_images", 0), name)
 
 
+def source_images(source: Any, key: str, trainer: Any = None) -> Optional["RecordImages"]:
+    """The images of ``source``'s records (None: a source without images or none given), first checked against the
+    ``conditioning_images`` of the trainer's policy (the data module's setup: the config check's second line).
+
+    Raises:
+        ValueError: every problem :func:`record_problems` finds, together.
+    """
+    if source is None:
+        return None
+    policy = getattr(getattr(trainer, "lightning_module", None), "policy", None)
+    if policy is not None and (problems := record_problems(source, key, policy.conditioning_images,
+                                                           type(policy).__name__)):
+        raise ValueError("invalid prompt records:\n  " + "\n  ".join(problems))
+    return RecordImages.of(load_records(source))
+
+
 class RecordImages:
     """The images of a source's records, loaded for a batch's rows (each distinct record once per call)."""
 
@@ -187,3 +203,7 @@ class RecordImages:
     def __call__(self, prompt_ids: Sequence[int]) -> list[list[Tensor]]:
         loaded = {i: [load_image(p) for p in self.records[i].images] for i in dict.fromkeys(prompt_ids)}
         return [loaded[i] for i in prompt_ids]
+
+    def collating(self, collate: Callable[[list[dict]], dict], seeds_per_prompt: int) -> Callable[[list[dict]], dict]:
+        """``collate`` of predict rows (``{"row": r, ...}``, prompt ``r // seeds_per_prompt``) with their images."""
+        return lambda rows: {**collate(rows), "images": self([r["row"] // seeds_per_prompt for r in rows])}
