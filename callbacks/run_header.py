@@ -143,7 +143,6 @@ class RunHeader(Callback):
     def data_lines(trainer, pl_module) -> list[str]:
         data = trainer.datamodule
         lines = []
-        steps = getattr(pl_module, "num_steps", None)
         if data is not None and hasattr(data, "num_groups") and hasattr(data, "group_size"):
             lines.append("  batch:       " + batch_line(data.num_groups, data.group_size, pl_module, trainer))
         length = f"{trainer.max_steps} optimizer steps" if trainer.max_steps > 0 else "until stopped"

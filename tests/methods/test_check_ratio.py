@@ -7,6 +7,7 @@ import torch
 
 from flowrl.methods import FlowGRPO
 from flowrl.policies import LoraOptions, TinyFlowPolicy
+from flowrl.training.ppo_update import UpdateBatch
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +26,24 @@ def setup(tiny_model_dir):
     return loop, rollout, cond, epoch
 
 
+def deviation(loop, rollout, cond, epoch) -> float:
+    """The update's on-policy check of ``rollout`` in the micro-batches ``epoch`` (no advantage, unit weights)."""
+    zeros, ones = torch.zeros_like(rollout.log_probs), torch.ones_like(rollout.log_probs)
+    batch = UpdateBatch(rollout, zeros, ones, rollout.train_mask, slice(0, rollout.batch_size))
+    return loop.ppo.on_policy_ratio_deviation(batch, lambda pairs: loop.transition(rollout, cond, pairs), None, epoch)
+
+
 def test_unchanged_weights_give_ratio_one(setup):
     loop, rollout, cond, epoch = setup
-    zeros, ones = torch.zeros_like(rollout.log_probs), torch.ones_like(rollout.log_probs)
     # sampled as one batch of 4 with CFG (8 rows), recomputed in micro-batches of 3 pairs of mixed steps
     assert max(len(c) for m in epoch for c in m) == 3
-    assert loop.ppo.on_policy_ratio_deviation(loop, rollout, cond, zeros, ones, epoch) < 1e-5
+    assert deviation(loop, rollout, cond, epoch) < 1e-5
 
 
 def test_a_log_prob_mismatch_is_measured_and_warned(setup):
     loop, rollout, cond, epoch = setup
     shifted = type(rollout)(**{**rollout.__dict__, "log_probs": rollout.log_probs - 0.01})
-    zeros, ones = torch.zeros_like(rollout.log_probs), torch.ones_like(rollout.log_probs)
     with pytest.warns(UserWarning, match="check_ratio: max \\|ratio - 1\\|"):
-        deviation = loop.ppo.on_policy_ratio_deviation(loop, shifted, cond, zeros, ones, epoch)
+        measured = deviation(loop, shifted, cond, epoch)
     # ratio = exp(new - old) = exp(0.01) on every pair: deviation e^0.01 - 1 = 0.0100502
-    assert deviation == pytest.approx(math.exp(0.01) - 1, abs=1e-5)
+    assert measured == pytest.approx(math.exp(0.01) - 1, abs=1e-5)

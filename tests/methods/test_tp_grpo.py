@@ -80,7 +80,7 @@ def test_window_rollout_and_r0_from_the_same_noise(policy, step_kind):
     ({"window_start": 2, "window_size": 9}, "model.window_start=2, model.window_size=9"),
     ({"window_size": 0}, "model.window_size=0"),
     ({"first_step": "always"}, "model.first_step='always'"),
-    ({"reward_aggregation": "gdpo"}, "use `sum`"),
+    ({"reward_aggregation": "gdpo"}, "use reward_aggregation: sum"),
     ({"completion_steps": -1}, "model.completion_steps=-1"),
     ({"step_kind": "ode"}, "model.step_kind='ode'"),
 ])

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from flowrl import advantages as adv_lib
 from flowrl.cli import main
 from flowrl.methods import BranchGRPO, TempFlowGRPO, TreeRPO
-from flowrl.methods.option_surface import declared_options
+from flowrl.methods.option_surface import bound_options, declared_options
 from flowrl.methods.tempflow_grpo import noise_aware_weights
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.sampling.sampler import sample
@@ -105,8 +106,18 @@ def test_branch_grpo_prunes_backward_passes_only(policy):
                                                                                    torch.zeros(8).long()))
 
 
+def one_tree(method: str, *extra: str) -> str:
+    """``--data.group_size`` of one tree per prompt: the leaves of ``method``'s tree at 4 steps and the options
+    ``extra`` sets (the method's own ``rollout_cost``)."""
+    module, _, name = method.rpartition(".")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    options = {"num_steps": 4, **{arg.partition("=")[0].removeprefix("--model.init_args."): yaml.safe_load(
+        arg.partition("=")[2]) for arg in extra if arg.startswith("--model.init_args.")}}
+    return f"--data.group_size={cls.rollout_cost(bound_options(cls, (), options)[0])[0]}"
+
+
 def tree_fit(tiny_model_dir, out, method, *extra):
-    return method_fit_args(tiny_model_dir, out, method, "--data.group_size=1", "--data.num_groups=2",
+    return method_fit_args(tiny_model_dir, out, method, one_tree(method, *extra), "--data.num_groups=2",
                            "--model.init_args.num_steps=4", "--model.init_args.micro_batch_size=8", *extra)
 
 

@@ -3,7 +3,6 @@ recomputed log-probs the first minibatch is exactly on-policy (ratio 1), and ``p
 checkpoint gives LoRA weights the plain pipeline's ``load_lora_weights`` loads unchanged; full fine-tuning (Z-Image)
 is on-policy within float32 rounding and exports the whole pipeline."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest

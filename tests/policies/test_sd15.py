@@ -11,7 +11,6 @@ from diffusers import DDIMScheduler, StableDiffusionPipeline
 
 from flowrl.cli import main
 from flowrl.methods import FlowGRPO
-from flowrl.methods import FlowGRPO
 from flowrl.methods.option_surface import option_problems
 from flowrl.policies import LoraOptions, SD15Policy
 from flowrl.sampling.steps import ddim_step
