@@ -1,4 +1,9 @@
-"""A grid of training samples with their prompts and rewards, written every N steps (PNG + TensorBoard)."""
+"""A grid of training samples with their prompts and rewards, written every N steps (PNG + TensorBoard).
+
+Videos ``[B, F, 3, H, W]`` appear as strips of frames (``frames``: first, middle and last by default) in the PNG, so
+no codec is needed to look at them, and as an animation of the whole grid (``video_format``: ``gif`` with Pillow
+alone, ``mp4`` with ``flowrl[video]``; None: none).
+"""
 
 from __future__ import annotations
 
@@ -10,31 +15,47 @@ from lightning.pytorch import Callback
 from PIL import Image, ImageDraw
 from torch import Tensor
 
+from flowrl.callbacks.video_samples import animation_problem, as_stills, to_uint8, write_animation
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec, frames_problem
+
 
 def grid_image(images: Tensor, captions: list[str], columns: int = 4, cell: int = 96) -> Image.Image:
-    """Images ``[N, 3, H, W]`` in ``[0, 1]`` as one PIL grid, each upscaled (nearest) to ``cell`` px wide with
-    its caption underneath."""
+    """Images ``[N, 3, H, W]`` in ``[0, 1]`` as one PIL grid, each upscaled (nearest) to ``cell`` px high (and
+    ``cell * W / H`` wide: square images fill square cells, frame strips wide ones) with its caption underneath."""
     rows = -(-len(captions) // columns)
     text_h = 26
-    canvas = Image.new("RGB", (columns * cell, rows * (cell + text_h)), "white")
+    width = max(1, round(cell * images.shape[-1] / images.shape[-2]))
+    canvas = Image.new("RGB", (columns * width, rows * (cell + text_h)), "white")
     draw = ImageDraw.Draw(canvas)
-    pixels = (images.detach().float().clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+    pixels = to_uint8(images)
     for i, (array, caption) in enumerate(zip(pixels, captions)):
-        x, y = (i % columns) * cell, (i // columns) * (cell + text_h)
-        canvas.paste(Image.fromarray(np.ascontiguousarray(array)).resize((cell, cell), Image.NEAREST), (x, y))
+        x, y = (i % columns) * width, (i // columns) * (cell + text_h)
+        canvas.paste(Image.fromarray(np.ascontiguousarray(array)).resize((width, cell), Image.NEAREST), (x, y))
         for line, text in enumerate(caption.split("\n")[:2]):
-            draw.text((x + 2, y + cell + 1 + 12 * line), text[:18], fill="black")
+            draw.text((x + 2, y + cell + 1 + 12 * line), text[:18 * width // cell], fill="black")
     return canvas
 
 
 class SampleGrid(Callback):
     """Every ``every_n_steps`` training batches, save the first ``num_images`` samples as
-    ``<log_dir>/samples/step_<k>.png`` and log them to TensorBoard when that logger is in use."""
+    ``<log_dir>/samples/step_<k>.png`` (and, for videos, ``step_<k>.<video_format>``) and log the PNG to
+    TensorBoard when that logger is in use.
 
-    def __init__(self, every_n_steps: int = 10, num_images: int = 16, columns: int = 4):
+    Args:
+        frames: the frames of a video shown in its strip. video_format: ``gif``, ``mp4`` or None. fps: its speed.
+    """
+
+    def __init__(self, every_n_steps: int = 10, num_images: int = 16, columns: int = 4,
+                 frames: FrameSpec = DEFAULT_FRAMES, video_format: Optional[str] = "gif", fps: int = 8):
         if every_n_steps < 1 or num_images < 1:
             raise ValueError("SampleGrid: every_n_steps and num_images must be >= 1")
+        problems = [p for p in (frames_problem(frames), video_format and animation_problem(video_format)) if p]
+        if fps < 1:
+            problems.append(f"fps={fps} must be >= 1")
+        if problems:
+            raise ValueError("SampleGrid: " + "; ".join(problems))
         self.every_n_steps, self.num_images, self.columns = every_n_steps, num_images, columns
+        self.frames, self.video_format, self.fps = frames, video_format, fps
         self.dir: Optional[Path] = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -47,9 +68,13 @@ class SampleGrid(Callback):
             return
         n = min(self.num_images, len(outputs["prompts"]))
         captions = [f"{p}\nr={r:.3f}" for p, r in zip(outputs["prompts"][:n], outputs["rewards"][:n].tolist())]
-        image = grid_image(outputs["images"][:n], captions, self.columns)
+        samples = outputs["images"][:n]
+        image = grid_image(as_stills(samples, self.frames), captions, self.columns)
         self.dir.mkdir(parents=True, exist_ok=True)
         image.save(self.dir / f"step_{step:06d}.png")
+        if samples.ndim == 5 and self.video_format:  # the grid, frame by frame
+            grids = [np.asarray(grid_image(samples[:, t], captions, self.columns)) for t in range(samples.shape[1])]
+            write_animation(grids, self.dir / f"step_{step:06d}.{self.video_format}", self.fps)
         experiment = getattr(trainer.logger, "experiment", None)
         if hasattr(experiment, "add_image"):
             experiment.add_image("samples", np.asarray(image), trainer.global_step, dataformats="HWC")

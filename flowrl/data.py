@@ -20,6 +20,8 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
+from flowrl.prompt_records import RecordImages, source_images
+
 
 def load_prompts(source: Union[str, list[str]]) -> list[str]:
     """Prompts from an inline list, a ``.txt`` file (one per line) or a ``.jsonl`` file (``{"prompt": ...}``)."""
@@ -138,7 +140,8 @@ def eval_batches(prompts: list[str], samples_per_prompt: int, batch_size: int, f
     """
     rows = list(range(rank, len(prompts) * samples_per_prompt, world_size))  # each rank a disjoint share
     return [{"prompts": [prompts[r % len(prompts)] for r in rows[s:s + batch_size]],
-             "seeds": torch.tensor(rows[s:s + batch_size]) + first_seed}
+             "seeds": torch.tensor(rows[s:s + batch_size]) + first_seed,
+             "prompt_ids": torch.tensor(rows[s:s + batch_size]) % len(prompts)}
             for s in range(0, len(rows), batch_size)]
 
 
@@ -179,8 +182,8 @@ class GroupBatchLoader:
     """
 
     def __init__(self, prompts: list[str], layout: GroupLayout, rank: int,
-                 consumed: Optional[Callable[[], int]] = None):
-        self.prompts, self.layout, self.rank = prompts, layout, rank
+                 consumed: Optional[Callable[[], int]] = None, images: Optional[RecordImages] = None):
+        self.prompts, self.layout, self.rank, self.images = prompts, layout, rank, images
         self.sampler = EpochSampler()
         self.consumed = consumed or (lambda: self._handed_out)
         self._handed_out, self._resume_at = 0, 0
@@ -194,6 +197,8 @@ class GroupBatchLoader:
         for index in range(start, len(self)):
             batch = group_batch(self.layout, self.sampler.epoch, index, self.rank)
             batch["prompts"] = [self.prompts[i] for i in batch["prompt_ids"].tolist()]
+            if self.images is not None:  # prompt records with images: one list per row
+                batch["images"] = self.images(batch["prompt_ids"].tolist())
             self._handed_out += 1
             yield batch
 
@@ -208,14 +213,16 @@ class GroupBatchLoader:
 class EvalLoader:
     """Fixed evaluation batches as *one* loader (Lightning reads a bare list as several dataloaders)."""
 
-    def __init__(self, batches: list[dict]):
-        self.batches = batches
+    def __init__(self, batches: list[dict], images: Optional[RecordImages] = None):
+        self.batches, self.images = batches, images
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[dict]:
-        return iter(self.batches)
+        if self.images is None:
+            return iter(self.batches)
+        return ({**b, "images": self.images(b["prompt_ids"].tolist())} for b in self.batches)  # read when used
 
 
 class PromptDataModule(LightningDataModule):
@@ -255,9 +262,12 @@ class PromptDataModule(LightningDataModule):
                 raise ValueError("predict needs prompts: set data.predict_prompts (python -m flowrl predict "
                                  "--prompts ... or --prompt_file FILE) or data.val_prompts")
             self.predict_prompts = load_prompts(source)
+            self.predict_images = source_images(source, "data.predict_prompts", self.trainer)
             return
         self.prompts = load_prompts(self.prompt_source)
         self.val_prompts = load_prompts(self.val_source) if self.val_source is not None else []
+        self.train_images = source_images(self.prompt_source, "data.prompts", self.trainer)  # None: prompts only
+        self.val_images = source_images(self.val_source, "data.val_prompts", self.trainer)
         world = self.trainer.world_size if self.trainer else 1
         method = self.trainer.lightning_module if self.trainer else None
         per = method.rollout_cost(method.options)[0] if hasattr(method, "rollout_cost") else 1  # a tree's leaves
@@ -268,17 +278,20 @@ class PromptDataModule(LightningDataModule):
 
     def train_dataloader(self) -> GroupBatchLoader:
         if self.trainer is None:
-            return GroupBatchLoader(self.prompts, self.layout, 0)
+            return GroupBatchLoader(self.prompts, self.layout, 0, images=self.train_images)
         progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
-        return GroupBatchLoader(self.prompts, self.layout, self.trainer.global_rank, lambda: progress.processed)
+        return GroupBatchLoader(self.prompts, self.layout, self.trainer.global_rank, lambda: progress.processed,
+                                self.train_images)
 
     def val_dataloader(self) -> EvalLoader:
         rank = self.trainer.global_rank if self.trainer else 0
         world = self.trainer.world_size if self.trainer else 1
         return EvalLoader(eval_batches(self.val_prompts, self.val_samples_per_prompt, self.val_batch_size,
-                                       10_000 * (self.seed + 1), rank, world))
+                                       10_000 * (self.seed + 1), rank, world), getattr(self, "val_images", None))
 
     def predict_dataloader(self) -> DataLoader:
         # a DataLoader (not a plain iterable) so that Lightning tracks the rows each batch holds for prediction writers
+        images = getattr(self, "predict_images", None)  # row r of predict_rows: prompt r // len(predict_seeds)
+        collate = collate_rows if images is None else images.collating(collate_rows, len(self.predict_seeds))
         return DataLoader(predict_rows(self.predict_prompts, self.predict_seeds), batch_size=self.val_batch_size,
-                          shuffle=False, collate_fn=collate_rows)
+                          shuffle=False, collate_fn=collate)

@@ -14,7 +14,8 @@ _LAZY = {
     "Aesthetic": "aesthetic", "AestheticHead": "aesthetic", "CLIPScore": "clip_score",
     "DigitAlignment": "digit_alignment", "FunctionReward": "function", "HPSv2": "hps", "ImageReward": "image_reward",
     "JpegCompressibility": "jpeg", "JpegIncompressibility": "jpeg", "jpeg_size_kb": "jpeg", "OcrReward": "ocr",
-    "PickScore": "pickscore", "RemoteReward": "remote", "VlmJudge": "vlm_judge",
+    "PickScore": "pickscore", "RemoteReward": "remote", "TemporalConsistency": "temporal_consistency",
+    "VlmJudge": "vlm_judge",
 }
 
 __all__ = sorted([*_LAZY, "ModelReward", "RewardCallback", "RewardSet", "reward_callbacks"])

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from flowrl.rewards.clip_reward import ClipReward
 from flowrl.rewards.hub_file import check_file, fetch_file
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 
 class AestheticHead(nn.Module):
@@ -54,8 +55,9 @@ class Aesthetic(ClipReward):
     def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 64,
                  model: str = "openai/clip-vit-large-patch14",
                  head: str = "trl-lib/ddpo-aesthetic-predictor/aesthetic-model.pth", processor: Optional[str] = None,
-                 device: Optional[str] = None, dtype: str = "float32"):
-        super().__init__(model, processor, weight, name, batch_size, device, dtype)
+                 device: Optional[str] = None, dtype: str = "float32", frames: FrameSpec = DEFAULT_FRAMES,
+                 frame_reduction: str = "mean"):
+        super().__init__(model, processor, weight, name, batch_size, device, dtype, frames, frame_reduction)
         self.head_file, self.head = check_file(head), None
 
     def _load(self, model, device, dtype):

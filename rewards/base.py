@@ -2,8 +2,15 @@
 
 ``score(images [B, 3, H, W] in [0, 1], prompts [B], metadata) -> Tensor [B]``. A method finds every
 :class:`RewardCallback` on ``trainer.callbacks``, scores each rollout with all of them, logs each, and sums the
-weighted scores; swapping a reward is a config edit. Scoring runs in chunks of ``batch_size`` under
-``torch.no_grad()``. Models load in ``setup`` on the trainer's device.
+weighted scores; swapping a reward is a config edit. Scoring runs in chunks of ``batch_size`` images under
+``torch.no_grad()``; ``metadata`` values with one entry per row (tensors ``[B, ...]``, lists of ``B``) are cut to
+each chunk's rows, other values pass whole. Models load in ``setup`` on the trainer's device.
+
+Video: ``score`` also takes clips ``[B, F, 3, H, W]``. An image reward scores the frames its ``frames`` option picks
+(default: first, middle and last) as images, each with its row's prompt and metadata, and reduces each clip's frame
+scores with ``frame_reduction`` (default: the mean; see :mod:`flowrl.rewards.video_frames`). A reward whose
+``takes_clips`` is true scores whole clips instead: its ``_score`` gets ``[B, F, 3, H, W]`` (images as one-frame
+clips).
 
 On any other LightningModule, a reward callback scores what ``validation_step`` returns when that is a dict with
 ``images`` ``[B, 3, H, W]`` in ``[0, 1]`` and ``prompts`` (optionally ``metadata``), and logs the epoch mean as
@@ -21,6 +28,8 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback
 from torch import Tensor
+
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec, frame_indices, frames_problem, reduce_frames
 
 
 class RewardOutputError(ValueError):
@@ -80,15 +89,23 @@ class RewardCallback(Callback):
 
     Args:
         weight: multiplies this reward in the total. name: the key in logs (default: the class's ``default_name``).
-        batch_size: images scored per chunk.
+        batch_size: images scored per chunk (a clip's scored frames count as images).
+        frames: the frames of a video it scores (``first_middle_last``, ``all``, ``first``, ``middle``, ``last``,
+            ``every_<k>`` or a list of indices). frame_reduction: ``mean`` or ``min`` of a clip's frame scores.
     """
 
     default_name = "reward"
+    #: whether ``_score`` takes whole clips ``[B, F, 3, H, W]`` (a temporal reward) rather than images
+    takes_clips = False
 
-    def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 64):
+    def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 64,
+                 frames: FrameSpec = DEFAULT_FRAMES, frame_reduction: str = "mean"):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: a reward needs at least 1 image per chunk")
         self.weight, self.name, self.batch_size = float(weight), name or self.default_name, batch_size
+        if problem := frames_problem(frames, frame_reduction):
+            raise ValueError(f"reward {self.name!r}: {problem}")
+        self.frames, self.frame_reduction = frames, frame_reduction
 
     @property
     def state_key(self) -> str:
@@ -96,19 +113,32 @@ class RewardCallback(Callback):
 
     @torch.no_grad()
     def score(self, images: Tensor, prompts: list[str], metadata: Optional[dict[str, Any]] = None) -> Tensor:
-        """Scores ``[B]`` (float32, on ``images.device``) for images ``[B, 3, H, W]`` in ``[0, 1]``.
+        """Scores ``[B]`` (float32, on ``images.device``) for images ``[B, 3, H, W]`` or clips ``[B, F, 3, H, W]``
+        in ``[0, 1]`` (see the module docstring for clips).
 
         Raises ``ValueError`` for images or prompts of the wrong shape (the caller's fault) and
         :class:`RewardOutputError` when ``_score`` returns anything but one real number per image (the reward's)."""
-        if images.ndim != 4 or images.shape[1] != 3 or len(prompts) != images.shape[0]:
-            raise ValueError(f"reward {self.name!r}: expected images [B, 3, H, W] and B prompts; got "
-                             f"{tuple(images.shape)} and {len(prompts)} prompts")
-        metadata = metadata or {}
+        if images.ndim not in (4, 5) or images.shape[-3] != 3 or len(prompts) != images.shape[0]:
+            raise ValueError(f"reward {self.name!r}: expected images [B, 3, H, W] or clips [B, F, 3, H, W] and B "
+                             f"prompts; got {tuple(images.shape)} and {len(prompts)} prompts")
+        metadata, batch = metadata or {}, len(prompts)
+        if self.takes_clips and images.ndim == 4:
+            images = images[:, None]  # an image is a one-frame clip
+        picked = frame_indices(self.frames, images.shape[1]) if images.ndim == 5 and not self.takes_clips else None
+        rows = self.batch_size if picked is None else max(1, self.batch_size // len(picked))
+        who = f"reward {self.name!r} ({type(self).__name__})"
         out = []
-        for s in range(0, len(prompts), self.batch_size):
-            chunk = prompts[s:s + self.batch_size]
-            out.append(to_scores(self._score(images[s:s + self.batch_size], chunk, metadata), len(chunk),
-                                 f"reward {self.name!r} ({type(self).__name__})").to(images.device))
+        for s in range(0, batch, rows):
+            part, chunk = slice(s, s + rows), prompts[s:s + rows]
+            meta = metadata_rows(metadata, part, batch)
+            if picked is None:
+                out.append(to_scores(self._score(images[part], chunk, meta), len(chunk), who).to(images.device))
+                continue
+            k = len(picked)  # each clip's picked frames as images, with its prompt and metadata repeated
+            frames = images[part][:, picked].flatten(0, 1)
+            scores = to_scores(self._score(frames, [p for p in chunk for _ in range(k)],
+                                           metadata_rows(meta, slice(None), len(chunk), repeat=k)), len(chunk) * k, who)
+            out.append(reduce_frames(scores.view(len(chunk), k), self.frame_reduction).to(images.device))
         return torch.cat(out)
 
     def submit(self, images: Tensor, prompts: list[str], metadata: Optional[dict[str, Any]] = None) -> Future:
@@ -155,8 +185,9 @@ class ModelReward(RewardCallback):
     """
 
     def __init__(self, model: str, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 64,
-                 device: Optional[str] = None, dtype: str = "float32"):
-        super().__init__(weight, name, batch_size)
+                 device: Optional[str] = None, dtype: str = "float32", frames: FrameSpec = DEFAULT_FRAMES,
+                 frame_reduction: str = "mean"):
+        super().__init__(weight, name, batch_size, frames, frame_reduction)
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"reward {self.name!r}: dtype={dtype!r}; choose float32, bfloat16 or float16")
         self.model_id, self.device, self.dtype = model, device, getattr(torch, dtype)
@@ -183,6 +214,25 @@ class ModelReward(RewardCallback):
 
     def _load(self, model: str, device: torch.device, dtype: torch.dtype):
         raise NotImplementedError
+
+
+def metadata_rows(metadata: dict[str, Any], rows: slice, batch: int, repeat: int = 1) -> dict[str, Any]:
+    """The ``rows`` of every per-row value of ``metadata`` (a tensor with ``batch`` rows, a list or tuple of
+    ``batch`` items), each row ``repeat`` times in a row (a clip's frames scored as images); other values whole.
+
+    >>> metadata_rows({"seeds": torch.arange(4), "images": [[1], [2], [3], [4]], "scale": 2.0}, slice(2, 4), 4)
+    {'seeds': tensor([2, 3]), 'images': [[3], [4]], 'scale': 2.0}
+    >>> metadata_rows({"seeds": torch.tensor([5, 6]), "scale": 2.0}, slice(None), 2, repeat=2)
+    {'seeds': tensor([5, 5, 6, 6]), 'scale': 2.0}
+    """
+    def cut(value):
+        if torch.is_tensor(value) and value.ndim > 0 and value.shape[0] == batch:
+            return value[rows].repeat_interleave(repeat, dim=0)
+        if isinstance(value, (list, tuple)) and len(value) == batch:
+            return [v for v in value[rows] for _ in range(repeat)]
+        return value
+
+    return {key: cut(value) for key, value in metadata.items()}
 
 
 def reward_callbacks(callbacks: list[Callback]) -> list[RewardCallback]:

@@ -16,6 +16,7 @@ from torch import Tensor
 from flowrl.model_paths import resolve_model
 from flowrl.rewards.base import ModelReward
 from flowrl.rewards.clip_preprocess import ClipPreprocess
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 
 def projected(features) -> Tensor:
@@ -33,14 +34,16 @@ class ClipReward(ModelReward):
     Args:
         model: hub id or local folder of the ``CLIPModel`` weights.
         processor: hub id or local folder of the processor (tokenizer + image processor); default: ``model``.
-        weight, name, batch_size, device, dtype: as :class:`~flowrl.rewards.base.ModelReward`.
+        weight, name, batch_size, device, dtype, frames, frame_reduction: as :class:`~flowrl.rewards.base.ModelReward`.
     """
 
     layout: Literal["crop", "pad"] = "crop"
 
     def __init__(self, model: str, processor: Optional[str] = None, weight: float = 1.0, name: Optional[str] = None,
-                 batch_size: int = 64, device: Optional[str] = None, dtype: str = "float32"):
-        super().__init__(self._resolve(model), weight, name, batch_size, device, dtype)  # missing paths fail now
+                 batch_size: int = 64, device: Optional[str] = None, dtype: str = "float32",
+                 frames: FrameSpec = DEFAULT_FRAMES, frame_reduction: str = "mean"):
+        super().__init__(self._resolve(model), weight, name, batch_size, device, dtype,  # missing paths fail now
+                         frames, frame_reduction)
         self.processor_id = resolve_model(processor) if processor else self.model_id
         self.tokenizer, self.preprocess = None, None
 

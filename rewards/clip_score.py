@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from flowrl.rewards.clip_reward import ClipReward, projected
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 
 class FeatureCLIP(nn.Module):
@@ -58,8 +59,9 @@ class CLIPScore(ClipReward):
 
     def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 64,
                  model: str = "openai/clip-vit-large-patch14", processor: Optional[str] = None,
-                 device: Optional[str] = None, dtype: str = "float32"):
-        super().__init__(model, processor, weight, name, batch_size, device, dtype)
+                 device: Optional[str] = None, dtype: str = "float32", frames: FrameSpec = DEFAULT_FRAMES,
+                 frame_reduction: str = "mean"):
+        super().__init__(model, processor, weight, name, batch_size, device, dtype, frames, frame_reduction)
         try:  # checked at config time: the two torchmetrics entry points _load and _score use
             from torchmetrics.functional.multimodal.clip_score import _clip_score_update  # noqa: F401
             from torchmetrics.multimodal import CLIPScore as _  # noqa: F401

@@ -14,6 +14,7 @@ from torch import Tensor
 from flowrl.digit_canvas import CANVAS_SIZE, parse_prompt
 from flowrl.model_paths import resolve_model
 from flowrl.rewards.base import ModelReward
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 
 class DigitAlignment(ModelReward):
@@ -26,8 +27,10 @@ class DigitAlignment(ModelReward):
     default_name = "digit_alignment"
 
     def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 256,
-                 model: str = "flowrl/digit-classifier", device: Optional[str] = None, dtype: str = "float32"):
-        super().__init__(resolve_model(model), weight, name, batch_size, device, dtype)  # a missing path fails now
+                 model: str = "flowrl/digit-classifier", device: Optional[str] = None, dtype: str = "float32",
+                 frames: FrameSpec = DEFAULT_FRAMES, frame_reduction: str = "mean"):
+        super().__init__(resolve_model(model), weight, name, batch_size, device, dtype,  # a missing path fails now
+                         frames, frame_reduction)
 
     def _load(self, model, device, dtype):
         from flowrl.rewards.digit_classifier import DigitCanvasClassifier

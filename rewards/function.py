@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 from torch import Tensor
 
 from flowrl.rewards.base import RewardCallback, to_scores
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 
 def import_callable(path: str) -> Callable:
@@ -58,7 +59,8 @@ class FunctionReward(RewardCallback):
     Args:
         function: dotted path of the callable, e.g. ``mypkg.rewards.brightness``.
         options: keyword arguments passed through to every call.
-        weight, name, batch_size: as :class:`~flowrl.rewards.RewardCallback`; ``name`` defaults to the function's.
+        weight, name, batch_size, frames, frame_reduction: as :class:`~flowrl.rewards.RewardCallback`; ``name``
+            defaults to the function's.
 
     Raises:
         ImportError, ValueError: the path does not import, or ``options`` do not fit the function's signature.
@@ -67,8 +69,9 @@ class FunctionReward(RewardCallback):
     default_name = "function"
 
     def __init__(self, function: str, options: Optional[dict[str, Any]] = None, weight: float = 1.0,
-                 name: Optional[str] = None, batch_size: int = 64):
-        super().__init__(weight, name or function.rpartition(".")[2], batch_size)
+                 name: Optional[str] = None, batch_size: int = 64, frames: FrameSpec = DEFAULT_FRAMES,
+                 frame_reduction: str = "mean"):
+        super().__init__(weight, name or function.rpartition(".")[2], batch_size, frames, frame_reduction)
         self.function_path, self.options = function, dict(options or {})
         self.function = import_callable(function)
         try:

@@ -20,6 +20,7 @@ from torch import Tensor
 from flowrl.model_paths import resolve_model
 from flowrl.rewards.clip_reward import ClipReward
 from flowrl.rewards.hub_file import check_file, fetch_file
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 HPS_CHECKPOINTS = {"v2.0": "xswu/HPSv2/HPS_v2_compressed.pt", "v2.1": "xswu/HPSv2/HPS_v2.1_compressed.pt"}
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin")
@@ -41,11 +42,13 @@ class HPSv2(ClipReward):
 
     def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 64, version: str = "v2.1",
                  model: Optional[str] = None, processor: Optional[str] = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
-                 device: Optional[str] = None, dtype: str = "float32", vision_heads: int = 16, text_heads: int = 16):
+                 device: Optional[str] = None, dtype: str = "float32", vision_heads: int = 16, text_heads: int = 16,
+                 frames: FrameSpec = DEFAULT_FRAMES, frame_reduction: str = "mean"):
         if version not in HPS_CHECKPOINTS:
             raise ValueError(f"HPSv2 version={version!r}; choose one of {sorted(HPS_CHECKPOINTS)}")
         self.version, self.heads = version, dict(vision_heads=vision_heads, text_heads=text_heads)
-        super().__init__(model or HPS_CHECKPOINTS[version], processor, weight, name, batch_size, device, dtype)
+        super().__init__(model or HPS_CHECKPOINTS[version], processor, weight, name, batch_size, device, dtype,
+                         frames, frame_reduction)
 
     def _resolve(self, model: str) -> str:
         return check_file(model) if model.endswith(CHECKPOINT_SUFFIXES) else resolve_model(model)

@@ -20,6 +20,7 @@ from flowrl.rewards.image_reward_checkpoint import (DEFAULT_TOKENIZER, PUBLISHED
                                                     check_vocabulary, load_published)
 from flowrl.rewards.image_reward_model import PROMPT_TOKENS, ImageRewardModel, preprocess, standardise
 from flowrl.rewards.pil_images import to_pil
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 
 class ImageReward(ModelReward):
@@ -31,15 +32,16 @@ class ImageReward(ModelReward):
             at load: the ``ImageReward.pt`` file, a folder holding it (with ``med_config.json``), or the hub repo
             ``THUDM/ImageReward`` (the default).
         tokenizer: the BERT tokenizer for the published layout (BLIP adds ``[DEC]`` and ``[ENC]`` to it).
-        weight, name, batch_size, device, dtype: as :class:`~flowrl.rewards.ModelReward`.
+        weight, name, batch_size, device, dtype, frames, frame_reduction: as :class:`~flowrl.rewards.ModelReward`.
     """
 
     default_name = "image_reward"
 
     def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 32,
                  model: str = PUBLISHED_REPO, tokenizer: str = DEFAULT_TOKENIZER, device: Optional[str] = None,
-                 dtype: str = "float32"):
-        super().__init__(resolve_model(model), weight, name, batch_size, device, dtype)  # a missing path fails now
+                 dtype: str = "float32", frames: FrameSpec = DEFAULT_FRAMES, frame_reduction: str = "mean"):
+        super().__init__(resolve_model(model), weight, name, batch_size, device, dtype,  # a missing path fails now
+                         frames, frame_reduction)
         self.tokenizer_id, self.tokenizer = tokenizer, None
 
     def _load(self, model, device, dtype):

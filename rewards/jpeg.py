@@ -15,6 +15,7 @@ from PIL import Image
 from torch import Tensor
 
 from flowrl.rewards.base import RewardCallback
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 
 def jpeg_size_kb(images: Tensor, quality: int = 95) -> Tensor:
@@ -35,8 +36,8 @@ class JpegCompressibility(RewardCallback):
     sign = -1.0
 
     def __init__(self, weight: float = 1.0, name: str | None = None, batch_size: int = 64, quality: int = 95,
-                 scale: float = 1.0):
-        super().__init__(weight, name, batch_size)
+                 scale: float = 1.0, frames: FrameSpec = DEFAULT_FRAMES, frame_reduction: str = "mean"):
+        super().__init__(weight, name, batch_size, frames, frame_reduction)
         if not 1 <= quality <= 100 or scale <= 0:
             raise ValueError(f"quality={quality} must be in 1..100 and scale={scale} positive")
         self.quality, self.scale = quality, scale

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from flowrl.rewards.base import RewardCallback
 from flowrl.rewards.pil_images import to_pil
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 EXTRA_HINT = 'pip install "flowrl[rewards]"'
 QUOTED = re.compile(r'"([^"]*)"')
@@ -110,7 +111,7 @@ class OcrReward(RewardCallback):
 
     Args:
         engine: ``engine(image: PIL.Image) -> str``; default :class:`RapidOcrEngine` (needs ``flowrl[rewards]``).
-        weight, name, batch_size: as :class:`~flowrl.rewards.RewardCallback`.
+        weight, name, batch_size, frames, frame_reduction: as :class:`~flowrl.rewards.RewardCallback`.
 
     Raises:
         ImportError: the ``rewards`` extra is missing (at construction, before any training).
@@ -119,8 +120,9 @@ class OcrReward(RewardCallback):
     default_name = "ocr"
 
     def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 16,
-                 engine: Optional[Callable[[Image.Image], str]] = None):
-        super().__init__(weight, name, batch_size)
+                 engine: Optional[Callable[[Image.Image], str]] = None, frames: FrameSpec = DEFAULT_FRAMES,
+                 frame_reduction: str = "mean"):
+        super().__init__(weight, name, batch_size, frames, frame_reduction)
         require_extra("rapidfuzz")
         self.engine = engine if engine is not None else RapidOcrEngine()
 

@@ -12,6 +12,7 @@ from typing import Optional
 from torch import Tensor
 
 from flowrl.rewards.clip_reward import ClipReward
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 
 class PickScore(ClipReward):
@@ -27,8 +28,9 @@ class PickScore(ClipReward):
     def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 64,
                  model: str = "yuvalkirstain/PickScore_v1",
                  processor: Optional[str] = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
-                 device: Optional[str] = None, dtype: str = "float32"):
-        super().__init__(model, processor, weight, name, batch_size, device, dtype)
+                 device: Optional[str] = None, dtype: str = "float32", frames: FrameSpec = DEFAULT_FRAMES,
+                 frame_reduction: str = "mean"):
+        super().__init__(model, processor, weight, name, batch_size, device, dtype, frames, frame_reduction)
 
     def _score(self, images, prompts, metadata) -> Tensor:
         cosine = (self.image_embeddings(images) * self.text_embeddings(prompts)).sum(-1)  # [B]

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from flowrl.rewards.base import RewardCallback
 from flowrl.rewards.protocol import ENCODINGS, decode_scores, encode_images, encode_metadata
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec
 
 
 def backoff_delays(retries: int, backoff: float) -> list[float]:
@@ -90,15 +91,17 @@ class RemoteReward(RewardCallback):
             retry, doubling each time.
         overlap: score submitted chunks in a background thread (``max_workers`` requests in flight).
         encoding: ``png`` (8-bit, small) or ``array`` (exact float32).
-        weight, name, batch_size: as every reward (``name`` defaults to ``reward``, else ``remote``).
+        weight, name, batch_size, frames, frame_reduction: as every reward (``name`` defaults to ``reward``, else
+            ``remote``).
     """
 
     default_name = "remote"
 
     def __init__(self, url: str, reward: Optional[str] = None, weight: float = 1.0, name: Optional[str] = None,
                  batch_size: int = 64, timeout: float = 60.0, retries: int = 3, backoff: float = 0.5,
-                 overlap: bool = True, encoding: str = "png", max_workers: int = 2):
-        super().__init__(weight, name or reward, batch_size)
+                 overlap: bool = True, encoding: str = "png", max_workers: int = 2,
+                 frames: FrameSpec = DEFAULT_FRAMES, frame_reduction: str = "mean"):
+        super().__init__(weight, name or reward, batch_size, frames, frame_reduction)
         parsed = urlparse(url)
         problems = []
         if parsed.scheme not in ("http", "https") or not parsed.netloc:

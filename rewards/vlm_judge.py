@@ -2,7 +2,10 @@
 or a hosted API): UnifiedReward-style scoring (arXiv 2503.05236), as Flow-GRPO's ``unifiedreward_score_sglang``.
 
 Each image is sent as one chat request: a user message holding the image (a base64 PNG ``data:`` URL) and a rubric
-that quotes the prompt and asks for ``Final Score: <number>``. The score is the number after the **last**
+that quotes the prompt and asks for ``Final Score: <number>``. A video is sent as one frame strip (``video:
+strip``, the default): the frames ``frames`` picks (first, middle, last by default), each resized to ``image_size``,
+side by side in time order, with ``video_template``'s rubric; ``video: frames`` judges each picked frame as an
+image and reduces their scores (:mod:`flowrl.rewards.video_frames`). The score is the number after the **last**
 ``Final Score:`` of the reply (``score_pattern``, a regex whose first group is the number), divided by
 ``max_score``: UnifiedReward's 1..5 becomes 0.2..1. A reply without a score, or with one outside
 ``[0, max_score]``, is an error that quotes the reply (Flow-GRPO scores it 0, which trains on a parser failure).
@@ -31,6 +34,7 @@ from urllib3.util.retry import Retry
 
 from flowrl.rewards.base import RewardCallback
 from flowrl.rewards.pil_images import to_pil
+from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec, frame_indices
 
 # UnifiedReward's image-generation rubric, as Flow-GRPO sends it (there prefixed by "<image>\n" for SGLang's
 # chatml-llava template; here the image travels as an image_url part, so the placeholder is left out)
@@ -41,6 +45,17 @@ UNIFIED_REWARD_TEMPLATE = (
     "accuracy of depicted objects, their relationships, and attributes as described in the caption.\n"
     "2. Overall Image Quality: Examine the visual quality of this image, including clarity, detail preservation, "
     "color accuracy, and overall aesthetic appeal.\n"
+    "Based on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
+    "Your task is provided as follows:\nText Caption: [{prompt}]")
+# the same rubric for a strip of video frames (flowrl's wording; its last line is the image rubric's)
+UNIFIED_REWARD_STRIP_TEMPLATE = (
+    "You are given a text caption and frames of a video generated from it, shown side by side from left to right "
+    "in time order. Your task is to evaluate this video based on three key criteria:\n"
+    "1. Alignment with the Caption: Assess how well the video aligns with the provided caption. Consider the "
+    "accuracy of depicted objects, their relationships, attributes and actions as described in the caption.\n"
+    "2. Overall Visual Quality: Examine the visual quality of the frames, including clarity, detail preservation, "
+    "color accuracy, and overall aesthetic appeal.\n"
+    "3. Temporal Consistency: Check that objects, scene and style stay coherent from frame to frame.\n"
     "Based on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
     "Your task is provided as follows:\nText Caption: [{prompt}]")
 SCORE_PATTERN = r"Final Score:\s*\**\s*([-+]?\d+(?:\.\d+)?)"
@@ -94,7 +109,9 @@ class VlmJudge(RewardCallback):
         api_key_env: the name of an environment variable holding the API key (sent as a Bearer token).
         timeout: seconds per request. retries: further attempts after a timeout, refused connection or 429/5xx.
         backoff: urllib3's backoff factor (seconds, doubling). max_concurrency: requests in flight.
-        weight, name, batch_size: as :class:`~flowrl.rewards.RewardCallback`.
+        video: ``strip`` (a video's picked frames side by side, one request) or ``frames`` (each picked frame
+            judged alone, the scores reduced). video_template: the strip's rubric (``{prompt}`` as above).
+        weight, name, batch_size, frames, frame_reduction: as :class:`~flowrl.rewards.RewardCallback`.
     """
 
     default_name = "vlm_judge"
@@ -103,9 +120,15 @@ class VlmJudge(RewardCallback):
                  prompt_template: str = UNIFIED_REWARD_TEMPLATE, score_pattern: str = SCORE_PATTERN,
                  max_score: float = 5.0, image_size: Optional[int] = 512, temperature: float = 0.0,
                  max_tokens: Optional[int] = None, api_key_env: Optional[str] = None, timeout: float = 120.0,
-                 retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8):
-        super().__init__(weight, name, batch_size)
+                 retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8, video: str = "strip",
+                 video_template: str = UNIFIED_REWARD_STRIP_TEMPLATE, frames: FrameSpec = DEFAULT_FRAMES,
+                 frame_reduction: str = "mean"):
+        super().__init__(weight, name, batch_size, frames, frame_reduction)
         problems = []
+        if video not in ("strip", "frames"):
+            problems.append(f"video={video!r}: choose strip (frames side by side) or frames (each judged alone)")
+        if "{prompt}" not in video_template:
+            problems.append("video_template must contain '{prompt}' where the video's prompt goes")
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             problems.append(f"url={url!r} must look like http://host:port/v1")
@@ -130,7 +153,12 @@ class VlmJudge(RewardCallback):
         self.score_pattern, self.max_score = score_pattern, max_score
         self.image_size, self.temperature, self.max_tokens = image_size, temperature, max_tokens
         self.api_key_env, self.timeout, self.retries, self.backoff = api_key_env, timeout, retries, backoff
-        self.max_concurrency = max_concurrency
+        self.max_concurrency, self.video, self.video_template = max_concurrency, video, video_template
+
+    @property
+    def takes_clips(self) -> bool:
+        """A strip judges the whole clip; ``video: frames`` leaves the frames to the base class's reduction."""
+        return self.video == "strip"
 
     def _session(self) -> requests.Session:
         retry = Retry(total=self.retries, connect=self.retries, read=self.retries, status=self.retries,
@@ -142,22 +170,34 @@ class VlmJudge(RewardCallback):
             session.headers["Authorization"] = f"Bearer {os.environ[self.api_key_env]}"
         return session
 
-    def request_body(self, image: Image.Image, prompt: str) -> dict[str, Any]:
-        """The chat-completions request for one image."""
-        if self.image_size is not None:
+    def request_body(self, image: Image.Image, prompt: str, strip: bool = False) -> dict[str, Any]:
+        """The chat-completions request for one image, or a frame strip (already sized) with the video rubric."""
+        if self.image_size is not None and not strip:
             image = image.resize((self.image_size, self.image_size), Image.BICUBIC)
+        template = self.video_template if strip else self.prompt_template
         content = [{"type": "image_url", "image_url": {"url": png_data_url(image)}},
-                   {"type": "text", "text": self.prompt_template.replace("{prompt}", prompt)}]
+                   {"type": "text", "text": template.replace("{prompt}", prompt)}]
         body = {"model": self.model, "messages": [{"role": "user", "content": content}],
                 "temperature": self.temperature}
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
         return body
 
-    def judge(self, session: requests.Session, image: Image.Image, prompt: str) -> str:
-        """The judge's reply text for one image."""
+    def frame_strip(self, clip: Tensor) -> Image.Image:
+        """The frames ``frames`` picks from ``clip [F, 3, H, W]``, each resized to ``image_size`` (bicubic), side by
+        side left to right."""
+        pictures = to_pil(clip[frame_indices(self.frames, clip.shape[0])])
+        if self.image_size is not None:
+            pictures = [p.resize((self.image_size, self.image_size), Image.BICUBIC) for p in pictures]
+        strip = Image.new("RGB", (sum(p.width for p in pictures), max(p.height for p in pictures)))
+        for i, picture in enumerate(pictures):
+            strip.paste(picture, (sum(p.width for p in pictures[:i]), 0))
+        return strip
+
+    def judge(self, session: requests.Session, image: Image.Image, prompt: str, strip: bool = False) -> str:
+        """The judge's reply text for one image or frame strip."""
         try:
-            response = session.post(self.endpoint, json=self.request_body(image, prompt), timeout=self.timeout)
+            response = session.post(self.endpoint, json=self.request_body(image, prompt, strip), timeout=self.timeout)
         except requests.RequestException as err:
             raise VlmJudgeError(f"VLM judge {self.endpoint} did not answer after {self.retries + 1} attempts "
                                 f"(timeout {self.timeout}s each): {err}") from err
@@ -170,7 +210,9 @@ class VlmJudge(RewardCallback):
                                 f"{response.text[:500]}") from err
 
     def _score(self, images: Tensor, prompts: list[str], metadata: dict[str, Any]) -> Tensor:
+        strip = images.ndim == 5 and images.shape[1] > 1  # clips (a one-frame clip is an image)
+        pictures = [self.frame_strip(clip) for clip in images] if strip else to_pil(images.flatten(0, -4))
         with self._session() as session, ThreadPoolExecutor(min(self.max_concurrency, len(prompts))) as pool:
-            replies = list(pool.map(lambda pair: self.judge(session, *pair), zip(to_pil(images), prompts)))
+            replies = list(pool.map(lambda pair: self.judge(session, *pair, strip), zip(pictures, prompts)))
         return torch.tensor([parse_score(r, self.score_pattern, self.max_score) for r in replies],
                             dtype=torch.float32)

@@ -1,7 +1,7 @@
 """Per-adapter overhead of flowrl against the bare model calls it wraps, and the memory of its trajectory buffer.
 
-    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15 qwen_image flux2 zimage]
-        [--batch 8] [--steps 10] [--repeats 5]
+    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15 qwen_image flux2 zimage wan21
+        wan22] [--batch 8] [--steps 10] [--repeats 5] [--frames 1 5 9 17]
 
 For each policy adapter at tiny size (the embedded ``flowrl/tiny-digits``; random-weight SD3, FLUX.1, SD1.5,
 Qwen-Image, FLUX.2 [klein] base and Z-Image pipelines built as the tests build them, saved to a temporary folder and
@@ -11,13 +11,14 @@ loaded through the adapter's ``from_pretrained`` path), side by side in one proc
 - rollout: ``FlowGRPO.rollout`` (seeded per-sample noise, the SDE step, log-probs, every state recorded) against a
   bare loop of the denoiser calls: the CFG batch with an Euler update (tiny, SD3), the transformer on packed latents
   with embedded guidance and no CFG batch (FLUX, as ``FluxPipeline``), the UNet's CFG epsilon with the DDIM update
-  (SD1.5), and the new families' transformers as their pipelines call them (``bench_family_calls.py``: packed
+  (SD1.5), the new families' transformers as their pipelines call them (``bench_family_calls.py``: packed
   latents, masks and the norm rescale for Qwen-Image, tokens and position ids for FLUX.2, lists of latents and
-  unpadded captions at reversed time for Z-Image);
+  unpadded captions at reversed time for Z-Image), each Wan expert on its rows' steps with CFG (``bench_wan.py``);
 - training: ``PPOUpdate.pair_loss`` forward+backward over every trained (sample, step) pair in micro-batches against
   a bare forward+backward of the same micro-batches (mean-square loss on the guided output);
 - memory: bytes of the ``Rollout`` tensors (each storage counted once, at its full size) against the ``B x (T+1) x
-  latent numel x 4`` bytes of float32 latents the buffer must hold (target <= 1.2x).
+  latent numel x 4`` bytes of float32 latents the buffer must hold (target <= 1.2x); with a Wan model, what a
+  training micro-batch keeps for its backward against the video's frames (``bench_wan.py``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from flowrl.policies import LoraOptions  # noqa: E402
 from flowrl.policies.base import FlowPolicy  # noqa: E402
 from flowrl.sampling.rollout import Rollout  # noqa: E402
 from scripts.bench_overhead import timed  # noqa: E402
+from scripts.bench_wan import frames_report, wan_model  # noqa: E402
 
-MODELS = ("tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage")
+MODELS = ("tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "wan21", "wan22")
 
 
 def buffer_bytes(rollout: Rollout) -> int:
@@ -173,6 +175,8 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
 
         path = save_sd15(root / "sd15")
         return SD15Policy(str(path), lora=lora, resolution=32), ddim_unet, "ddim", 1.0
+    if name.startswith("wan"):
+        return wan_model(name, root)
     raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
 
 
@@ -272,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--guidance", type=float, default=4.5)
+    parser.add_argument("--frames", type=int, nargs="+", default=[1, 5, 9, 17], help="video frames of the memory rows")
     args = parser.parse_args(argv)
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
@@ -284,9 +289,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = [measure(name, Path(tmp), args.batch, args.steps, args.micro_batch, args.repeats, args.guidance)
                    for name in args.models]
+        frames = frames_report(args.models, Path(tmp), args.frames, args.guidance)  # "" without a Wan model
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}; batch {args.batch}, "
           f"T={args.steps}, guidance {args.guidance}, micro-batch {args.micro_batch}, median of {args.repeats}")
-    print(table(results))
+    print(table(results) + frames)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ from flowrl.policies.qwen_image import QwenImagePolicy
 from flowrl.policies.sd3 import SD3Policy
 from flowrl.policies.sd15 import SD15Policy
 from flowrl.policies.tiny import TinyFlowPolicy
+from flowrl.policies.wan import WanPolicy
+from flowrl.policies.wan_i2v import WanI2VPolicy
 from flowrl.policies.z_image import ZImagePolicy
 
 __all__ = ["Conditioning", "FlowPolicy", "Flux2Policy", "FluxPolicy", "LoraOptions", "QwenImagePolicy", "SD15Policy",
-           "SD3Policy", "TinyFlowPolicy", "ZImagePolicy"]
+           "SD3Policy", "TinyFlowPolicy", "WanI2VPolicy", "WanPolicy", "ZImagePolicy"]

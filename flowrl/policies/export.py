@@ -1,10 +1,12 @@
 """Export a trained policy for the plain diffusers pipeline: ``python -m flowrl export --ckpt CKPT --out DIR``.
 
 LoRA runs write ``DIR/pytorch_lora_weights.safetensors`` with the pipeline's own ``save_lora_weights`` (rank and
-alpha in its metadata), loadable with ``pipe.load_lora_weights(DIR)``; ``--merged`` also writes the whole pipeline
-with the adapters fused into the transformer to ``DIR/merged``. Full fine-tuning runs write the whole pipeline to
-``DIR``. The policy is rebuilt from the run's ``config.yaml`` (LightningCLI saves it in the log directory, the
-parent of ``checkpoints/``) or ``--config``; the checkpoint supplies the trained weights.
+alpha in its metadata), loadable with ``pipe.load_lora_weights(DIR)``; Wan 2.2's low-noise expert goes to
+``DIR/pytorch_lora_weights_transformer_2.safetensors``, loaded with ``pipe.load_lora_weights(DIR, weight_name=...,
+load_into_transformer_2=True)``. ``--merged`` also writes the whole pipeline with the adapters fused into the
+transformer to ``DIR/merged``. Full fine-tuning runs write the whole pipeline to ``DIR``. The policy is rebuilt from
+the run's ``config.yaml`` (LightningCLI saves it in the log directory, the parent of ``checkpoints/``) or
+``--config``; the checkpoint supplies the trained weights.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from flowrl.policies.base import FlowPolicy, adapter_of
 from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
 
 REFERENCE_PREFIX = "reference_denoiser."
+WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
 
 
 def exported_adapter(policy: FlowPolicy, adapter: Optional[str] = None) -> str:
@@ -52,10 +55,19 @@ def export_lora(policy: FlowPolicy, out: str | Path, adapter: Optional[str] = No
         raise ValueError("this policy was fully fine-tuned: it has no LoRA weights; use export_pipeline")
     adapter = exported_adapter(policy, adapter)
     name = getattr(policy, "denoiser_name", "transformer")
-    policy.pipeline_class.save_lora_weights(
-        out, **{f"{name}_lora_layers": get_peft_model_state_dict(policy.denoiser, adapter_name=adapter),
-                f"{name}_lora_adapter_metadata": policy.denoiser.peft_config[adapter].to_dict()})
+    for weight_name, module in lora_modules(policy).items():
+        policy.pipeline_class.save_lora_weights(
+            out, weight_name=weight_name,
+            **{f"{name}_lora_layers": get_peft_model_state_dict(module, adapter_name=adapter),
+               f"{name}_lora_adapter_metadata": module.peft_config[adapter].to_dict()})
     return Path(out)
+
+
+def lora_modules(policy: FlowPolicy) -> dict[str, torch.nn.Module]:
+    """The file each module with LoRA adapters is written to: the denoiser's ``pytorch_lora_weights.safetensors``,
+    or a policy's own ``lora_modules()`` (Wan 2.2 writes each trained expert to a file of its own)."""
+    own = getattr(policy, "lora_modules", None)
+    return own() if own is not None else {WEIGHTS_NAME: policy.denoiser}
 
 
 def export_pipeline(policy: FlowPolicy, out: str | Path, adapter: Optional[str] = None) -> Path:
@@ -162,10 +174,13 @@ def load_lora(policy: FlowPolicy, folder: str | Path, adapter: str = "exported")
     Raises:
         FileNotFoundError: ``folder`` holds no ``pytorch_lora_weights.safetensors``.
     """
-    weights = Path(folder) / "pytorch_lora_weights.safetensors"
-    if not weights.is_file():
-        raise FileNotFoundError(f"{weights} does not exist; pass a folder written by `python -m flowrl export`")
+    files = lora_modules(policy)
+    if not any((Path(folder) / name).is_file() for name in files):
+        raise FileNotFoundError(f"{Path(folder) / next(iter(files))} does not exist; pass a folder written by "
+                                "`python -m flowrl export`")
     prefix = getattr(policy, "denoiser_name", "transformer")
-    policy.denoiser.load_lora_adapter(str(folder), weight_name=weights.name, prefix=prefix, adapter_name=adapter)
+    for name, module in files.items():
+        if (Path(folder) / name).is_file():
+            module.load_lora_adapter(str(folder), weight_name=name, prefix=prefix, adapter_name=adapter)
     policy.denoiser.set_adapter(adapter)
     return adapter

@@ -121,23 +121,24 @@ class PipelinePolicy(FlowPolicy):
         """A diffusers pipeline that references this policy's modules (cheap: nothing is copied)."""
         return self.pipeline_class(**self.components())
 
-    def _encode_batch(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
-        """``(embeds [n, L, D], pooled [n, P])`` of distinct prompts, from the pipeline's ``encode_prompt``."""
+    def _encode_batch(self, prompts: list[str]) -> tuple[Tensor, ...]:
+        """The encodings of distinct prompts, from the pipeline's ``encode_prompt``: ``(embeds [n, L, D], pooled
+        [n, P])`` (``(embeds,)`` for a family without a pooled embedding)."""
         raise NotImplementedError
 
     @torch.no_grad()
-    def _encoded(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+    def _encoded(self, prompts: list[str]) -> tuple[Tensor, ...]:
         """Encodings of ``prompts`` (repeats allowed), each distinct prompt encoded once and then cached."""
         found = {p: self.prompt_cache.get(p) for p in dict.fromkeys(prompts)}
         missing = [p for p, value in found.items() if value is None]
         if missing:
-            embeds, pooled = self._encode_batch(missing)
+            parts = self._encode_batch(missing)
             for i, prompt in enumerate(missing):
-                found[prompt] = (embeds[i], pooled[i])
+                found[prompt] = tuple(part[i] for part in parts)
                 self.prompt_cache.put(prompt, found[prompt])
         device = self.denoiser.device
-        return (torch.stack([found[p][0] for p in prompts]).to(device),
-                torch.stack([found[p][1] for p in prompts]).to(device))
+        width = len(found[prompts[0]])
+        return tuple(torch.stack([found[p][j] for p in prompts]).to(device) for j in range(width))
 
     def encode(self, prompts: list[str], images: Optional[list[list[Tensor]]] = None) -> Conditioning:
         """The prompts and, for classifier-free guidance, the empty prompt (diffusers' default negative prompt)."""

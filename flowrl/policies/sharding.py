@@ -30,6 +30,9 @@ SHARDED_BLOCKS: dict[str, tuple[str, ...]] = {
     # Z-Image: the image and caption refiners run before the main single-stream layers
     "ZImageTransformer2DModel": ("noise_refiner", "context_refiner", "layers"),
     "UNet2DConditionModel": ("down_blocks", "mid_block", "up_blocks"),  # SD1.5
+    # Wan (flowrl.policies.wan_experts): every block of each expert, then each expert with what is left of it (patch
+    # and condition embeddings, output norm and projection), so an expert's weights are gathered only when it runs
+    "WanExperts": ("transformer.blocks", "transformer", "transformer_2.blocks", "transformer_2"),
 }
 
 
@@ -45,7 +48,9 @@ def denoiser_blocks(denoiser: nn.Module) -> list[tuple[str, nn.Module]]:
                          f"flowrl.policies.sharding.SHARDED_BLOCKS (known: {sorted(SHARDED_BLOCKS)})")
     out = []
     for attr in SHARDED_BLOCKS[kind]:
-        module = getattr(denoiser, attr, None)
+        module = denoiser
+        for part in attr.split("."):  # a dotted path reaches into a sub-module (an expert's blocks)
+            module = getattr(module, part, None)
         if isinstance(module, nn.ModuleList):
             out += [(f"{attr}.{i}", block) for i, block in enumerate(module)]
         elif module is not None:

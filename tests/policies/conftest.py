@@ -1,5 +1,5 @@
-"""Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image, FLUX.2 [klein] and [dev], Z-Image) saved once per
-session."""
+"""Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image, FLUX.2 [klein] and [dev], Z-Image, Wan) saved once
+per session."""
 
 import pytest
 
@@ -90,3 +90,12 @@ def refuse_weights(monkeypatch):
         raise AssertionError(f"{cls.__name__} weights loaded before the options were checked")
 
     monkeypatch.setattr(ModelMixin, "from_pretrained", classmethod(refuse))
+
+
+@pytest.fixture(scope="session")
+def wan_dirs(tmp_path_factory):
+    """Tiny Wan pipelines: ``wan21``, ``wan22`` (two experts, UniPC), ``wan22_euler``, ``wan21_i2v``, ``wan22_i2v``,
+    ``ti2v``."""
+    from tests.policies.tiny_wan import save_all
+
+    return save_all(tmp_path_factory.mktemp("wan"))

@@ -9,6 +9,13 @@ from flowrl.policies.tiny_components import build_transformer
 from tests.policies.tiny_families import flux2_klein_components, qwen_image_components, zimage_transformer
 from tests.policies.tiny_pipelines import flux_components
 from tests.policies.tiny_sd15 import sd15_components
+from tests.policies.tiny_wan import transformer as wan_transformer
+
+
+def wan_experts(two: bool):
+    from flowrl.policies.wan_experts import WanExperts
+
+    return WanExperts(wan_transformer(), wan_transformer() if two else None, 875.0 if two else None)
 
 
 @pytest.mark.parametrize("build,expected", [
@@ -21,7 +28,10 @@ from tests.policies.tiny_sd15 import sd15_components
     # Z-Image at width 128: at the tests' width 32 its timestep MLP (1024 wide whatever the model width) outweighs
     # the blocks, which it does not in the 6B model
     (lambda: zimage_transformer(dim=128), ["noise_refiner.0", "context_refiner.0", "layers.0", "layers.1"]),
-], ids=["sd3", "flux", "sd15", "qwen_image", "flux2", "zimage"])
+    (lambda: wan_experts(False), ["transformer.blocks.0", "transformer.blocks.1", "transformer"]),
+    (lambda: wan_experts(True), ["transformer.blocks.0", "transformer.blocks.1", "transformer",
+                                 "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2"]),
+], ids=["sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "wan21", "wan22"])
 def test_each_denoiser_shards_its_blocks(build, expected):
     denoiser = build()
     blocks = denoiser_blocks(denoiser)
@@ -35,4 +45,5 @@ def test_a_denoiser_without_a_plan_is_named():
     with pytest.raises(ValueError, match="no FSDP2 sharding plan for a Linear denoiser.*SHARDED_BLOCKS"):
         denoiser_blocks(nn.Linear(2, 2))
     assert set(SHARDED_BLOCKS) == {"SD3Transformer2DModel", "FluxTransformer2DModel", "UNet2DConditionModel",
-                                   "QwenImageTransformer2DModel", "Flux2Transformer2DModel", "ZImageTransformer2DModel"}
+                                   "QwenImageTransformer2DModel", "Flux2Transformer2DModel", "ZImageTransformer2DModel",
+                                   "WanExperts"}

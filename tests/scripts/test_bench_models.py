@@ -37,7 +37,8 @@ def test_buffer_bytes_from_known_sizes(bench):
     assert bench.buffer_bytes(rollout) == 256 + 24 + 16 + 6 + 48 + 8
 
 
-@pytest.mark.parametrize("name", ["tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage"])
+@pytest.mark.parametrize("name", ["tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "wan21",
+                                  "wan22"])
 def test_bare_output_is_the_adapters_guided_output(bench, name, tmp_path):
     policy, make_bare, _, _ = bench.build_policy(name, tmp_path)
     cond = policy.encode(["a red cat", "a blue dog"])
@@ -50,7 +51,7 @@ def test_bare_output_is_the_adapters_guided_output(bench, name, tmp_path):
     torch.testing.assert_close(got, bare.layout(want), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["tiny", "sd15"])
+@pytest.mark.parametrize("name", ["tiny", "sd15", "wan22"])
 def test_measure_reports_every_field(bench, name, tmp_path):
     result = bench.measure(name, tmp_path, batch=2, steps=2, micro_batch=2, repeats=1)
     shape = result["latent_shape"]
@@ -66,3 +67,14 @@ def test_bad_sizes_are_refused_before_any_work(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--batch", "0"])
     assert "--batch=0 must be >= 1" in capsys.readouterr().err
+
+
+def test_video_memory_rows_grow_with_frames_and_checkpointing_keeps_less(tmp_path):
+    from scripts.bench_wan import memory_table, training_memory
+
+    rows = training_memory(tmp_path, frames=(1, 5), size=32, pairs=2)
+    assert [r["latent"][1] for r in rows] == [1, 2]  # (frames - 1) / 4 + 1 latent frames
+    assert rows[1]["saved"] > rows[0]["saved"] > rows[0]["checkpointed"] > 0
+    assert rows[1]["checkpointed"] > rows[0]["checkpointed"]
+    text = memory_table(rows)
+    assert text.count("\n| ") == 3 and "KiB per latent frame" in text

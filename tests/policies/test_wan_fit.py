@@ -1,0 +1,148 @@
+"""Every video config of configs/ runs a 2-step ``python -m flowrl fit`` with a tiny Wan pipeline swapped in (CPU,
+float32, 32 px, 9 frames, cheap rewards): on-policy log-prob recompute (ratio 1) through Wan 2.2's two experts,
+frame-reduced and clip-level rewards logged, sample strips and animations written; an image-to-video fit from prompt
+records with first frames; and 2 FSDP2 processes equal 1 on a two-expert video config."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from flowrl.cli import main
+from tests.cli.test_fit import assert_two_ranks_equal_one, run_cli
+from tests.test_prompt_records import png
+
+ROOT = Path(__file__).resolve().parents[2]
+#: every video config of configs/ (test_shipped_configs.py leaves them here) and the tiny pipeline it runs on
+CONFIGS = {"wan21_flow_grpo": "wan21", "wan22_flow_grpo": "wan22", "wan_i2v_flow_grpo": "wan21_i2v",
+           "wan21_tempflow_grpo": "wan21"}
+
+
+def test_every_video_config_is_covered():
+    assert sorted(p.stem for p in (ROOT / "configs").glob("wan*.yaml")) == sorted(CONFIGS)
+
+
+def samples_per_rollout(config: str, overrides: dict) -> int:
+    """The samples one rollout of the config's method scores (a tree's leaves), with ``overrides`` applied."""
+    from flowrl.methods.option_surface import bound_options
+
+    cfg = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())["model"]
+    method = _class(cfg["class_path"])
+    init = {**cfg["init_args"], **overrides, "policy": None}
+    return method.rollout_cost(bound_options(method, (), init)[0])[0]
+
+
+def _class(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
+def tiny_overlay(out: Path, model_dir: str, config: str) -> Path:
+    """A config layer that swaps in the tiny pipeline and a CPU-sized run (the config's method options stay)."""
+    i2v = config == "wan_i2v_flow_grpo"
+    prompts = ["a red cat", "a blue dog", "a green tree"]
+    if i2v:  # prompt records with a first frame each
+        for i in range(3):
+            png(out / f"frames/{i}.png", 60 * i + 30, size=(40, 32))
+        (out / "p.jsonl").write_text("\n".join(json.dumps({"prompt": p, "images": [f"frames/{i}.png"]})
+                                               for i, p in enumerate(prompts)))
+    tree = config == "wan21_tempflow_grpo"
+    policy = {"model": model_dir, "height": 32, "width": 32, "num_frames": 9,
+              "max_sequence_length": 512 if i2v else 16, "torch_dtype": "float32", "autocast": None,
+              "gradient_checkpointing": True, "lora": {"rank": 4, "alpha": 8},
+              # Wan 2.2: shift 3 puts the trained steps, t = 999 and 857 of (999, 857, 600), on both experts (875)
+              **({"flow_shift": 3.0} if config == "wan22_flow_grpo" else {})}
+    method = {"num_steps": 3, "eval_num_steps": 2, "num_minibatches": 1, "micro_batch_size": 4,
+              "sample_chunk_size": None, "check_ratio": True, "check_ratio_threshold": 1.0e-5,
+              **({"branches": 2, "tree_chunk_size": None} if tree else {})}
+    leaves = samples_per_rollout(config, method)  # group_size counts samples per prompt: one tree's leaves
+    layer = {
+        "trainer": {"accelerator": "cpu", "devices": 1, "strategy": "auto", "max_steps": 2, "limit_val_batches": 0,
+                    "enable_progress_bar": False, "default_root_dir": str(out),
+                    "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                               "init_args": {"save_dir": str(out), "name": "csv"}},
+                    "callbacks": [{"class_path": "flowrl.rewards.JpegIncompressibility"},
+                                  {"class_path": "flowrl.rewards.TemporalConsistency", "init_args": {"size": 8}},
+                                  {"class_path": "flowrl.callbacks.SampleGrid",
+                                   "init_args": {"every_n_steps": 1, "num_images": 2}},
+                                  {"class_path": "tests.cli.dump_outputs.DumpOutputs",
+                                   "init_args": {"out": str(out / "dump")}}]},
+        "model": {"init_args": {"policy": {"init_args": policy}, **method}},
+        "data": {"prompts": str(out / "p.jsonl") if i2v else prompts, "num_groups": 2,
+                 "group_size": leaves if tree else 2}}
+    path = out / "tiny.yaml"
+    path.write_text(yaml.safe_dump(layer))
+    return path
+
+
+class ChecksPassed(Exception):
+    """Raised where the CLI would instantiate the classes: every check before loading has passed."""
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_each_video_config_passes_the_checks_before_loading_as_shipped(wan_dirs, tmp_path, monkeypatch, config):
+    from flowrl.cli import FlowRLCLI
+
+    def stop(self):
+        raise ChecksPassed
+
+    monkeypatch.setattr(FlowRLCLI, "instantiate_classes", stop)
+    prompts = str(tiny_overlay(tmp_path, wan_dirs[CONFIGS[config]], config).parent / "p.jsonl") \
+        if config == "wan_i2v_flow_grpo" else "[a red cat, a blue dog]"
+    with pytest.raises(ChecksPassed):  # a SystemExit here is a problem the checks found: its text names it
+        main(["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), f"--data.prompts={prompts}",
+              f"--model.init_args.policy.init_args.model={wan_dirs[CONFIGS[config]]}",
+              f"--trainer.default_root_dir={tmp_path}"])
+
+
+def logged(out: Path) -> dict:
+    rows = list(csv.DictReader(open(next(out.rglob("metrics.csv")))))
+    return {k: float(v) for row in rows for k, v in row.items() if v}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_each_video_config_fits_two_steps_on_the_tiny_model(wan_dirs, tmp_path, config):
+    out = tmp_path / config
+    out.mkdir()
+    main(["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"),
+          "--config", str(tiny_overlay(out, wan_dirs[CONFIGS[config]], config))])
+    metrics = logged(out)
+    assert metrics["train/check_ratio_max_dev"] < 1e-5  # the update recomputes the sampled log-probs: ratio 1
+    assert 0 < metrics["train/reward/temporal_consistency"] <= 1 and "train/reward/jpeg_incompressibility" in metrics
+    samples = next(out.rglob("samples"))
+    assert {p.suffix for p in samples.iterdir()} == {".png", ".gif"}
+    moved = {k.split(".")[1] for k, v in torch.load(out / "dump/weights.pt").items() if "lora_B" in k and v.any()}
+    assert moved == ({"transformer", "transformer_2"} if config == "wan22_flow_grpo" else {"transformer"})
+
+
+def test_fsdp2_two_processes_equal_one_on_the_two_expert_config(wan_dirs, tmp_path):
+    config = ROOT / "configs" / "wan22_flow_grpo.yaml"
+    common = ["--trainer.max_steps=1", "--model.init_args.optimizer=torch.optim.SGD",
+              "--model.init_args.optimizer.lr=1.0", "--model.init_args.max_grad_norm=null",
+              "--model.init_args.micro_batch_size=1", "--trainer.callbacks+=tests.cli.dump_outputs.DumpOutputs"]
+    runs = {}
+    for name, extra in (("one", []), ("two", ["--trainer.devices=2", "--trainer.strategy=fsdp2"])):
+        out = tmp_path / name
+        out.mkdir()
+        overlay = tiny_overlay(out, wan_dirs["wan22"], "wan22_flow_grpo")
+        runs[name] = run_cli(["fit", "--config", str(config), "--config", str(overlay), *common,
+                              f"--trainer.callbacks.out={out}/dump", *extra], tmp_path)
+    one = assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
+    assert one["advantages"].abs().sum() > 0
+    weights = torch.load(tmp_path / "two/dump/weights.pt")
+    moved = {k.split(".")[1] for k, v in weights.items() if "lora_B" in k and v.abs().sum() > 0}
+    assert moved == {"transformer", "transformer_2"}  # both experts trained, sharded over the two ranks
+
+
+def test_the_docs_worked_example_runs(wan_dirs, tmp_path):
+    main(["fit", "--config", str(ROOT / "configs/wan21_flow_grpo.yaml"),
+          "--config", str(ROOT / "docs/data/video/tiny_cpu.yaml"),
+          f"--model.init_args.policy.init_args.model={wan_dirs['wan21']}", f"--trainer.default_root_dir={tmp_path}",
+          f"--trainer.logger.init_args.save_dir={tmp_path}"])
+    metrics = logged(tmp_path)
+    assert metrics["train/check_ratio_max_dev"] < 1e-5 and 0 < metrics["train/reward/temporal_consistency"] < 1
+    assert sorted(p.name for p in next(tmp_path.rglob("samples")).iterdir()) == [
+        "step_000000.gif", "step_000000.png", "step_000001.gif", "step_000001.png"]
