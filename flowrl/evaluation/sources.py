@@ -32,11 +32,6 @@ class Source:
     config: Optional[dict] = None
     config_path: Optional[Path] = None
 
-    @property
-    def lora(self) -> Optional[dict]:
-        """The run's LoRA options (None: a fully fine-tuned run)."""
-        return policy_spec(self.config).get("init_args", {}).get("lora") if self.config else {}
-
 
 def split_names(values: list[str]) -> list[tuple[str, str]]:
     """``NAME=PATH`` values as ``(name, path)``; a bare path is named ``tuned`` (``tuned2``, ... for several). A
@@ -119,20 +114,25 @@ def run_config(ckpt: Path) -> Optional[Path]:
     return None
 
 
-def _kind(path: Path) -> tuple[Optional[str], list[str]]:
+def _kind(name: str, value: str, path: Path) -> tuple[Optional[str], list[str]]:
+    """``"checkpoint"`` or ``"lora"``, or the problem with ``--ckpt_path name=value``."""
     from flowrl.cli import checkpoint_problems
     from flowrl.sharded_checkpoint import is_sharded_checkpoint
 
+    what = "pass a fit checkpoint (runs/<name>/version_N/checkpoints/last.ckpt), a sharded checkpoint's folder or a "
+    what += "LoRA folder (python -m flowrl export --out FOLDER)"
+    if not path.exists():
+        return None, [f"--ckpt_path {name}={value} does not exist (relative paths start at {Path.cwd()}); {what}"]
     if path.is_dir():
         if (path / WEIGHTS_NAME).is_file():
             return "lora", []
         if is_sharded_checkpoint(path):
             return "checkpoint", []
-        return None, [f"--ckpt_path {path}: a folder with neither {WEIGHTS_NAME} (a LoRA folder: python -m flowrl "
-                      "export --out FOLDER) nor a sharded checkpoint; pass a .ckpt, a sharded checkpoint's folder or "
-                      "a LoRA folder"]
-    wrong = [p.replace("ckpt_path=", "--ckpt_path ", 1) for p in checkpoint_problems(str(path))]
-    return (None, wrong) if wrong else ("checkpoint", [])
+        return None, [f"--ckpt_path {name}={value}: a folder with neither {WEIGHTS_NAME} nor a sharded checkpoint; "
+                      f"{what}"]
+    if wrong := checkpoint_problems(str(path)):  # empty, or not a torch.save archive: its own words say which
+        return None, [f"--ckpt_path {name}={value}: " + wrong[0].split(" ", 1)[1].split("; ")[0] + f"; {what}"]
+    return "checkpoint", []
 
 
 def read_sources(values: list[str], config: Optional[Path]) -> tuple[list[Source], list[str]]:
@@ -143,7 +143,7 @@ def read_sources(values: list[str], config: Optional[Path]) -> tuple[list[Source
     sources = []
     for name, value in named:
         path = Path(value).expanduser()
-        kind, wrong = _kind(path)
+        kind, wrong = _kind(name, value, path)
         problems += wrong
         if kind is None:
             continue

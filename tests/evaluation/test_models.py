@@ -1,0 +1,81 @@
+"""Every kind of tuned model ``evaluate`` loads, checked against the images the model itself draws: a fully
+fine-tuned checkpoint (a policy of its own), a LoRA folder with diffusers' adapter metadata (its own rank and alpha,
+loaded by diffusers onto the backbone) and, in ``test_evaluate.py``, a LoRA fit checkpoint and a folder without
+metadata."""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from peft.utils import get_peft_model_state_dict
+from PIL import Image
+
+from flowrl.callbacks.image_writer import image_name
+from flowrl.cli import main
+from flowrl.methods import FlowGRPO
+from flowrl.policies import LoraOptions, TinyFlowPolicy
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS, SEEDS, STEPS = ["red 3 and blue 7", "green 1 and green 4"], [0, 5], 3
+
+
+def nudged(policy, seed: int, scale: float):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(scale * torch.randn_like(p))
+    return policy
+
+
+def full_run(folder: Path) -> Path:
+    """A fully fine-tuned run: its config (``lora: null``) and a checkpoint of perturbed denoiser weights."""
+    config = yaml.safe_load((ROOT / "tests/evaluation/fit_brightness.yaml").read_text())
+    config["model"]["init_args"]["policy"]["init_args"]["lora"] = None
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    policy = nudged(TinyFlowPolicy(lora=None), 0, 0.02)
+    torch.save({"state_dict": {f"policy.{k}": v for k, v in policy.state_dict().items()}},
+               folder / "checkpoints" / "last.ckpt")
+    return folder / "checkpoints" / "last.ckpt"
+
+
+def exported(folder: Path) -> TinyFlowPolicy:
+    """A LoRA of rank 4 and alpha 16 (scale 4: loaded at the base config's alpha, it would draw other images) saved
+    as ``python -m flowrl export`` saves one, with its metadata."""
+    from diffusers import StableDiffusion3Pipeline
+
+    policy = nudged(TinyFlowPolicy(lora=LoraOptions(rank=4, alpha=16)), 1, 0.05)
+    StableDiffusion3Pipeline.save_lora_weights(
+        folder, transformer_lora_layers=get_peft_model_state_dict(policy.denoiser, adapter_name="default"),
+        transformer_lora_adapter_metadata=policy.denoiser.peft_config["default"].to_dict())
+    return policy
+
+
+def test_a_full_checkpoint_and_an_exported_lora_draw_their_own_images(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    ckpt, source = full_run(tmp_path / "full"), exported(tmp_path / "lora")
+    suite = tmp_path / "suite.txt"
+    suite.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "report"
+    main(["evaluate", "--ckpt_path", f"full={ckpt}", f"lora={tmp_path / 'lora'}", "--suite", str(suite), "--seeds",
+          *map(str, SEEDS), "--num_steps", str(STEPS), "--out", str(out), "--accelerator", "cpu", "--resamples",
+          "200", "--grid_prompts", "1"])
+    prompts, seeds = [p for p in PROMPTS for _ in SEEDS], torch.tensor(SEEDS * len(PROMPTS))
+    from flowrl.policies.export import load_policy
+
+    expected = {"base": FlowGRPO(TinyFlowPolicy(lora=None), guidance_scale=4.5),
+                "full": FlowGRPO(load_policy(ckpt), guidance_scale=4.5),
+                "lora": FlowGRPO(source, guidance_scale=4.5)}
+    for name, module in expected.items():
+        images = (module.generate(prompts, seeds, STEPS).clamp(0, 1) * 255).round().to(torch.uint8)
+        files = [out / "images" / name / image_name(i // len(SEEDS), p, s)
+                 for i, (p, s) in enumerate(zip(prompts, seeds.tolist()))]
+        written = torch.stack([torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1) for f in files])
+        assert torch.equal(written, images), name
+        if name != "base":
+            assert not torch.equal(images, expected["base"].generate(prompts, seeds, STEPS).mul(255).round().to(
+                torch.uint8)), name  # a real change, so the equality above is the model's own
+    report = (out / "report.md").read_text()
+    assert "| brightness | trained | full |" in report  # its run config trained brightness
+    assert "| brightness | trained | lora |" in report  # a folder: trained as the base config says
