@@ -21,8 +21,8 @@ def feature_problems(option: str, rewards: list[RewardCallback]) -> list[str]:
     """``--features`` that names no metric with image features.
 
     >>> from flowrl.rewards import JpegCompressibility
-    >>> feature_problems("jpeg_compressibility", [JpegCompressibility()])  # doctest: +ELLIPSIS
-    ["--features jpeg_compressibility: that metric has no image_features(images) method; ..."]
+    >>> print(*feature_problems("jpeg_compressibility", [JpegCompressibility()]))  # doctest: +ELLIPSIS
+    --features jpeg_compressibility: that metric has no image_features(images) method; give auto, none, or one of ...
     """
     if option in ("auto", "none"):
         return []

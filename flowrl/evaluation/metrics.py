@@ -108,28 +108,25 @@ def gather_metrics(base: dict, base_path: Any, sources: list[Source],
     """Every metric, built, with each model's trained rewards, and the problems (a reward that cannot be built, or
     two different rewards under one name)."""
     problems: list[str] = []
-    places: list[tuple[str, Optional[str], list[dict]]] = []  # (where, model whose run it is, specs)
-    for where, model, config in [(f"--config {base_path}", None, base),
-                                 *[(f"{s.config_path}", s.name, s.config) for s in sources if s.config]]:
+    places: list[tuple[str, Optional[str], list[dict]]] = []  # (where, whose run it is: None for --held_out, specs)
+    for where, owner, config in [(str(base_path), BASE, base),
+                                 *[(str(s.config_path), s.name, s.config) for s in sources if s.config]]:
         specs, wrong = reward_specs(config, where)
-        places.append((where, model, specs))
+        places.append((where, owner, specs))
         problems += wrong
     for value in held_out:
         specs, wrong = held_out_specs(value)
         places.append((f"--held_out {value}", None, specs))
         problems += wrong
     metrics, seen = Metrics(), {}
-    base_trained: list[str] = []
-    for where, model, specs in places:
+    for where, owner, specs in places:
         for spec in specs:
             reward, wrong = build(spec, where)
             problems += wrong
             if reward is None:
                 continue
-            if model is not None and reward.weight != 0:
-                metrics.trained.setdefault(model, []).append(reward.name)
-            if where.startswith("--config") and reward.weight != 0:
-                base_trained.append(reward.name)
+            if owner is not None and reward.weight != 0:
+                metrics.trained.setdefault(owner, []).append(reward.name)
             key = normalized(spec)
             if reward.name in seen and seen[reward.name][1] != key:
                 problems.append(f"{where}: reward {reward.name!r} differs from the one of that name in "
@@ -137,9 +134,8 @@ def gather_metrics(base: dict, base_path: Any, sources: list[Source],
             elif reward.name not in seen:
                 seen[reward.name] = (where, key)
                 metrics.rewards.append(reward)
-    for source in sources:
-        if source.config is None:  # a LoRA folder: trained as the base config says
-            metrics.trained[source.name] = list(base_trained)
-        metrics.trained.setdefault(source.name, [])
+    base_trained = metrics.trained.pop(BASE, [])
+    for source in sources:  # a LoRA folder has no run config: trained as the base config says
+        metrics.trained[source.name] = metrics.trained.get(source.name, list(base_trained) if source.config is None
+                                                           else [])
     return metrics, problems
-

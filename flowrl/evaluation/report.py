@@ -73,6 +73,9 @@ def verdicts(analysis: Analysis, metrics: Metrics) -> list[str]:
             lines.append(f"{model}: no flag (no trained reward among the metrics to compare with)")
         elif not flag.gains:
             lines.append(f"{model}: no flag (no trained reward rose beyond its interval)")
+        elif not flag.watched:
+            lines.append(f"{model}: no flag can be read. Trained {gains} rose, and nothing was watched: add a "
+                         "held-out reward (--held_out), and 2 or more seeds for the diversity.")
         else:
             lines.append(f"{model}: no flag. Trained {gains} rose; no held-out reward or diversity fell beyond its "
                          "interval.")
