@@ -20,6 +20,7 @@ from typing import Any, Optional
 import flowrl.framework_notices  # noqa: F401  first: its filters must be in place before diffusers is imported
 from flowrl.evaluation.features import feature_problems, feature_reward
 from flowrl.evaluation.metrics import Metrics, gather_metrics
+from flowrl.evaluation.report import Settings
 from flowrl.evaluation.sources import Source, base_problems, policy_spec, read_config, read_sources
 from flowrl.evaluation.suites import Suite, grid_prompts, load_suite
 
@@ -174,18 +175,25 @@ def main(args: list[str]) -> Optional[Path]:
     return run(opts, found, out, shlex.join(["python", "-m", "flowrl", "evaluate", *args]))
 
 
-def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str) -> Optional[Path]:
-    """Loads the models, generates on every rank, and (rank zero) writes the report."""
+def trainer(opts: argparse.Namespace, callbacks: list):
+    """Lightning's trainer for ``trainer.predict`` on the devices of ``opts`` (DDP for several)."""
     from lightning.pytorch import Trainer
 
+    devices = int(opts.devices) if opts.devices.isdigit() else opts.devices
+    several = devices not in (1, "auto") or opts.num_nodes > 1
+    return Trainer(accelerator=opts.accelerator, devices=devices, num_nodes=opts.num_nodes,
+                   strategy="ddp" if opts.strategy == "auto" and several else opts.strategy, precision=opts.precision,
+                   logger=False, enable_checkpointing=False, enable_model_summary=False, use_distributed_sampler=False,
+                   callbacks=callbacks)
+
+
+def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str) -> Optional[Path]:
+    """Loads the models, generates and scores on every rank, and (rank zero) writes the report."""
     from flowrl.evaluation.models import load_models
     from flowrl.evaluation.module import EvaluationProgressBar, Evaluator
-    from flowrl.evaluation.report import Settings, verdicts, write_report
-    from flowrl.evaluation.results import Table, analyse
 
     suite, metrics, seeds = found.suite, found.metrics, opts.seeds
-    prompts = grid_prompts(suite.categories, opts.grid_prompts)
-    cells = [(p, s) for p in prompts for s in seeds[:opts.grid_seeds]]
+    grid = (grid_prompts(suite.categories, opts.grid_prompts), seeds[:opts.grid_seeds])
     features = feature_reward(opts.features, metrics.rewards)
     names = ["base", *[s.name for s in found.sources]]
     if out is not None:
@@ -195,27 +203,30 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
     models = load_models(policy_spec(found.base), found.sources)
     evaluator = Evaluator(models, suite, seeds, found.num_steps, found.guidance_scale, found.prompts_per_batch,
                           features.name if features else None,
-                          None if opts.no_images or out is None else str(out / "images"), frozenset(cells))
-    devices = int(opts.devices) if opts.devices.isdigit() else opts.devices
-    strategy = "ddp" if opts.strategy == "auto" and (devices not in (1, "auto") or opts.num_nodes > 1) else opts.strategy
-    trainer = Trainer(accelerator=opts.accelerator, devices=devices, num_nodes=opts.num_nodes, strategy=strategy,
-                      precision=opts.precision, logger=False, enable_checkpointing=False, enable_model_summary=False,
-                      use_distributed_sampler=False, default_root_dir=str(out or "."),
-                      callbacks=[*metrics.rewards, EvaluationProgressBar(f"evaluate: {len(models)} models")])
-    trainer.predict(evaluator, return_predictions=False)
+                          None if opts.no_images or out is None else str(out / "images"),
+                          frozenset((p, s) for p in grid[0] for s in grid[1]))
+    runner = trainer(opts, [*metrics.rewards, EvaluationProgressBar(f"evaluate: {len(models)} models")])
+    runner.predict(evaluator, return_predictions=False)
     scores, diversity, images = evaluator.gathered()
-    if not trainer.is_global_zero:
+    if not runner.is_global_zero:
         return None
-    table = Table.from_rows(names, len(suite), seeds, scores, diversity)
-    analysis = analyse(table, metrics, suite.categories, opts.resamples, opts.confidence, opts.bootstrap_seed,
-                       opts.margin)
     settings = Settings({"base": f"{policy_spec(found.base).get('init_args', {}).get('model')} ({found.base_path})",
                          **{s.name: str(s.path) for s in found.sources}}, suite.name, seeds, found.num_steps,
                         found.guidance_scale, features.name if features else None, opts.resamples, opts.confidence,
                         opts.bootstrap_seed, opts.margin, command)
-    report = write_report(out, settings, suite, metrics, table, analysis, images, (prompts, seeds[:opts.grid_seeds]))
+    return write(out, settings, found, names, (scores, diversity, images), grid)
 
+
+def write(out: Path, settings: Settings, found: Plan, names: list[str], gathered: tuple, grid: tuple) -> Path:
+    """The statistics of the gathered rows, the report folder, and its summary on the console."""
+    from flowrl.evaluation.report import verdicts, write_report
+    from flowrl.evaluation.results import Table, analyse
+
+    scores, diversity, images = gathered
+    table = Table.from_rows(names, len(found.suite), settings.seeds, scores, diversity)
+    analysis = analyse(table, found.metrics, found.suite.categories, settings.resamples, settings.confidence,
+                       settings.bootstrap_seed, settings.margin)
+    report = write_report(out, settings, found.suite, found.metrics, table, analysis, images, grid)
     print("\n".join([f"  report:  {report}", f"  html:    {out / 'report.html'}", f"  scores:  {out / 'scores.csv'}",
-                     *[f"  {line}" for line in verdicts(analysis, metrics)]]).replace("**", ""), flush=True)
+                     *[f"  {line}" for line in verdicts(analysis, found.metrics)]]).replace("**", ""), flush=True)
     return out
-
