@@ -38,10 +38,12 @@ def main() -> None:
     opts = parser.parse_args()
     if opts.ckpt is None:
         run([sys.executable, "-m", "flowrl", "fit", "--config", "configs/quickstart.yaml"])
-    ckpt = Path(opts.ckpt) if opts.ckpt else newest_checkpoint()
-    report = ckpt.resolve().parents[1] / "evaluations" / "quickstart"
-    run([sys.executable, "-m", "flowrl", "evaluate", "--ckpt_path", f"quickstart={ckpt}", "--suite", "digits_val",
-         "--seeds", "0", "1", "2", "3", "--held_out", "configs/evaluate/digits_held_out.yaml", "--out", str(report)])
+    ckpt = Path(opts.ckpt).resolve() if opts.ckpt else newest_checkpoint()
+    report = ckpt.parents[1] / "evaluations" / "quickstart"
+    relative = lambda p: str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)  # noqa: E731  as a user types it
+    run([sys.executable, "-m", "flowrl", "evaluate", "--ckpt_path", f"quickstart={relative(ckpt)}", "--suite",
+         "digits_val", "--seeds", "0", "1", "2", "3", "--held_out", "configs/evaluate/digits_held_out.yaml", "--out",
+         relative(report)])
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in KEPT:  # the images/ folder (1,024 PNGs) stays with the run

@@ -194,11 +194,13 @@ def write_report(out: Path, settings: Settings, suite: Suite, metrics: Metrics, 
         doc.Heading("Verdict"), doc.Bullets(verdicts(analysis, metrics) or ["only the base model was evaluated"]),
         doc.Heading("Rewards"), reward_table(analysis, metrics, models, settings.confidence)]
     if len(models) > 1:
-        space = f"features of `{settings.features}`" if settings.features else "no feature space (pixels only)"
+        spaces = (f"in pixels (RMS, 0 to 1) and in the image features of `{settings.features}` (cosine distance)"
+                  if settings.features else "in pixels (RMS, 0 to 1) only (no feature space, see `--features`)")
+        diversity = ("Diversity: the mean distance between a prompt's seeds." if len(settings.seeds) > 1 else
+                     "Diversity needs 2 or more seeds (`--seeds`).")
         blocks += [doc.Heading("Reward-hacking signals"),
                    doc.Paragraph(f"Drift: how far each tuned image is from the base image of the same noise. "
-                                 f"Diversity: the mean distance between a prompt's seeds. Distances in pixels (RMS, "
-                                 f"0 to 1) and in {space} (cosine distance)."),
+                                 f"{diversity} Distances {spaces}."),
                    signal_table(analysis, models), *figures]
     if analysis.categories:
         blocks += [doc.Heading("By category"), category_table(analysis, suite.categories)]
