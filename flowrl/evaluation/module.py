@@ -69,17 +69,18 @@ class Evaluator(BaseModule):
         suite: the prompts; ``suite.records`` reach the rewards as ``metadata["suite"]``.
         seeds: every prompt's seeds. num_steps: ODE steps. guidance_scale: classifier-free guidance.
         prompts_per_batch: prompts per batch (each with every seed, for every model).
-        features: the metric whose ``image_features`` give the feature space (None: pixels only).
+        feature_metric: the metric whose ``image_features`` give the feature space (None: pixels only).
         image_dir: where every image is written as ``<model>/<image_name>.png`` (None: not written).
         grid: the (prompt index, seed) cells whose images are kept for the report's grid.
     """
 
     def __init__(self, models: list[Model], suite: Suite, seeds: list[int], num_steps: int, guidance_scale: float,
-                 prompts_per_batch: int, features: Optional[str] = None, image_dir: Optional[str] = None,
+                 prompts_per_batch: int, feature_metric: Optional[str] = None, image_dir: Optional[str] = None,
                  grid: frozenset = frozenset()):
         super().__init__(models[0].policy, num_steps=num_steps, guidance_scale=guidance_scale)
         self.models, self.suite, self.seeds = models, suite, list(seeds)
-        self.prompts_per_batch, self.features, self.image_dir, self.grid = prompts_per_batch, features, image_dir, grid
+        self.prompts_per_batch, self.feature_metric = prompts_per_batch, feature_metric
+        self.image_dir, self.grid = image_dir, grid
         # fully fine-tuned models are policies of their own: registered, so that they move to the device too
         self.own_policies = nn.ModuleList(m.policy for m in models if m.policy is not models[0].policy)
         self.scores: list[tuple] = []  # (model, prompt index, seed, metric, value)
@@ -107,34 +108,40 @@ class Evaluator(BaseModule):
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         ids, seeds = batch["prompt_ids"].tolist(), batch["seeds"]
+        images, features = self.draw_and_score(ids, seeds)
+        self.measure(ids, seeds, {"pixels": images, **({"features": features} if features else {})})
+        return {"rows": len(ids)}  # the results stay on the module (gathered after predict), not in Lightning's list
+
+    def draw_and_score(self, ids: list[int], seeds: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Every model's images ``{model: [B, 3, H, W]}`` of the rows, each scored by every metric (kept), and their
+        features ``{model: [B, D]}`` (empty without a feature space)."""
         prompts = [self.suite.prompts[i] for i in ids]
         metadata = {"seeds": seeds, "suite": [self.suite.records[i] for i in ids]}
-        features: dict[str, Tensor] = {}
-        images: dict[str, Tensor] = {}
+        images, features = {}, {}
         for model in self.models:
             with self.drawing(model):
-                images[model.name] = self.generate(prompts, seeds.to(self.device)).float()  # [B, 3, H, W]
+                images[model.name] = self.generate(prompts, seeds.to(self.device)).float()
             for reward in self.reward_set.callbacks:
                 self.keep(model.name, ids, seeds, reward.name, self.score(reward, images[model.name], prompts, metadata))
-            if self.features is not None:
-                features[model.name] = self.feature_reward.image_features(images[model.name]).float()  # [B, D]
+            if self.feature_metric is not None:
+                reward = next(r for r in self.reward_set.callbacks if r.name == self.feature_metric)
+                features[model.name] = reward.image_features(images[model.name]).float()
             self.write(model.name, ids, seeds, prompts, images[model.name])
-        spaces = {"pixels": images, **({"features": features} if features else {})}
+        return images, features
+
+    def measure(self, ids: list[int], seeds: Tensor, spaces: dict[str, dict[str, Tensor]]) -> None:
+        """Keeps each tuned model's drift from the base per row and every model's diversity per prompt, in each
+        space (``{space: {model: [B, ...]}}``)."""
         base = self.models[0].name
         for space, values in spaces.items():
             for model in self.models:
                 if model.name != base:
-                    self.keep(model.name, ids, seeds, f"drift_{space}", DISTANCES[space](values[model.name],
-                                                                                         values[base]))
+                    drift = DISTANCES[space](values[model.name], values[base])  # [B]
+                    self.keep(model.name, ids, seeds, f"drift_{space}", drift)
                 for i in dict.fromkeys(ids):  # a batch holds each of its prompts with all its seeds
                     rows = [r for r, j in enumerate(ids) if j == i]
-                    self.diversity.append((model.name, i, space, mean_pairwise(values[model.name][rows],
-                                                                               DISTANCES[space])))
-        return {"rows": len(ids)}  # the results stay on the module (gathered after predict), not in Lightning's list
-
-    @property
-    def feature_reward(self):
-        return next(r for r in self.reward_set.callbacks if r.name == self.features)
+                    diversity = mean_pairwise(values[model.name][rows], DISTANCES[space])
+                    self.diversity.append((model.name, i, space, diversity))
 
     def score(self, reward, images: Tensor, prompts: list[str], metadata: dict) -> Tensor:
         """A metric's scores ``[B]``; NaN for a batch it cannot read (as ``predict``: the images still count)."""

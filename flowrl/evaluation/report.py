@@ -182,7 +182,8 @@ def write_report(out: Path, settings: Settings, suite: Suite, metrics: Metrics, 
                                 out / "grid.png")
     models = table.models
     pct = f"{100 * settings.confidence:.0f}%"
-    title = f"Evaluation: {', '.join(models[1:]) or 'base'} against base on {settings.suite}"
+    title = (f"Evaluation: {', '.join(models[1:])} against base on {settings.suite}" if len(models) > 1 else
+             f"Evaluation: base on {settings.suite}")
     blocks: list[doc.Block] = [
         doc.Heading(title, 1),
         doc.Paragraph(f"{len(suite)} prompts x {len(settings.seeds)} seeds ({' '.join(map(str, settings.seeds))}), "

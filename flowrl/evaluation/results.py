@@ -66,7 +66,6 @@ class Analysis:
     categories: dict[tuple[str, str, str], Comparison] = field(default_factory=dict)  # (category, metric, model)
     drift: dict[tuple[str, str], Summary] = field(default_factory=dict)  # (space, tuned model)
     diversity: dict[tuple[str, str], Comparison] = field(default_factory=dict)  # (space, tuned model)
-    diversity_means: dict[tuple[str, str], Summary] = field(default_factory=dict)  # (space, every model)
     flags: dict[str, Flag] = field(default_factory=dict)
 
 
@@ -87,9 +86,6 @@ def analyse(table: Table, metrics: Metrics, categories: list[Optional[str]], res
                 out.categories[category, metric, model] = compare(table.scores[metric, model],
                                                                   table.scores[metric, base], prompts=mask, **options)
     for space in SPACES:
-        for model in table.models:
-            if (space, model) in table.diversity:
-                out.diversity_means[space, model] = summarize(table.diversity[space, model], **options)
         for model in tuned:
             if (f"drift_{space}", model) in table.scores:
                 out.drift[space, model] = summarize(table.scores[f"drift_{space}", model], **options)

@@ -1,7 +1,7 @@
 """Every kind of tuned model ``evaluate`` loads, checked against the images the model itself draws: a fully
 fine-tuned checkpoint (a policy of its own), a LoRA folder with diffusers' adapter metadata (its own rank and alpha,
-loaded by diffusers onto the backbone) and, in ``test_evaluate.py``, a LoRA fit checkpoint and a folder without
-metadata."""
+loaded by diffusers onto the backbone), a folder without it (``save_adapter``: the base config's LoRA options) and,
+in ``test_evaluate.py``, a LoRA fit checkpoint."""
 
 from pathlib import Path
 
@@ -52,13 +52,24 @@ def exported(folder: Path) -> TinyFlowPolicy:
     return policy
 
 
-def test_a_full_checkpoint_and_an_exported_lora_draw_their_own_images(tmp_path, monkeypatch):
+def saved(folder: Path) -> TinyFlowPolicy:
+    """A LoRA saved by ``save_adapter`` (no metadata) with the default options, which the base config's null LoRA
+    gives the backbone."""
+    from flowrl.policies.adapter_weights import save_adapter
+
+    policy = nudged(TinyFlowPolicy(lora=LoraOptions()), 2, 0.05)
+    save_adapter(policy, "default", folder)
+    return policy
+
+
+def test_a_full_checkpoint_and_lora_folders_draw_their_own_images(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    ckpt, source = full_run(tmp_path / "full"), exported(tmp_path / "lora")
+    ckpt, source, plain = full_run(tmp_path / "full"), exported(tmp_path / "lora"), saved(tmp_path / "plain")
     suite = tmp_path / "suite.txt"
     suite.write_text("\n".join(PROMPTS) + "\n")
     out = tmp_path / "report"
-    main(["evaluate", "--ckpt_path", f"full={ckpt}", f"lora={tmp_path / 'lora'}", "--suite", str(suite), "--seeds",
+    main(["evaluate", "--ckpt_path", f"full={ckpt}", f"lora={tmp_path / 'lora'}", f"plain={tmp_path / 'plain'}",
+          "--suite", str(suite), "--seeds",
           *map(str, SEEDS), "--num_steps", str(STEPS), "--out", str(out), "--accelerator", "cpu", "--resamples",
           "200", "--grid_prompts", "1"])
     prompts, seeds = [p for p in PROMPTS for _ in SEEDS], torch.tensor(SEEDS * len(PROMPTS))
@@ -66,7 +77,7 @@ def test_a_full_checkpoint_and_an_exported_lora_draw_their_own_images(tmp_path, 
 
     expected = {"base": FlowGRPO(TinyFlowPolicy(lora=None), guidance_scale=4.5),
                 "full": FlowGRPO(load_policy(ckpt), guidance_scale=4.5),
-                "lora": FlowGRPO(source, guidance_scale=4.5)}
+                "lora": FlowGRPO(source, guidance_scale=4.5), "plain": FlowGRPO(plain, guidance_scale=4.5)}
     for name, module in expected.items():
         images = (module.generate(prompts, seeds, STEPS).clamp(0, 1) * 255).round().to(torch.uint8)
         files = [out / "images" / name / image_name(i // len(SEEDS), p, s)
