@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import flowrl.framework_notices  # noqa: F401  first: its filters must be in place before diffusers is imported
+import flowrl.cli.warning_filters  # noqa: F401  first: its filters must be in place before diffusers is imported
 from flowrl.evaluation.features import feature_problems, feature_reward
 from flowrl.evaluation.metrics import Metrics, gather_metrics
 from flowrl.evaluation.report import Settings
@@ -149,7 +149,7 @@ def output_folder(opts: argparse.Namespace, sources: list[Source]) -> Optional[P
     """``--out``, or a new ``<run>/evaluations/<n>`` beside the first checkpoint's run (``./evaluations/<n>``
     without one); reserved on rank zero only (other ranks get rank zero's folder from the Evaluator)."""
     from flowrl.callbacks.image_writer import next_free_folder
-    from flowrl.log_versions import launched_as_rank_zero
+    from flowrl.cli.log_versions import launched_as_rank_zero
 
     if not launched_as_rank_zero():
         return None

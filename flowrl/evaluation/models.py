@@ -51,7 +51,7 @@ def build_policy(spec: dict, lora_default: bool = False) -> FlowPolicy:
 
 def checkpoint_state(path: Path) -> dict[str, torch.Tensor]:
     """The ``state_dict`` of a fit checkpoint (a file, or a sharded checkpoint's folder gathered whole)."""
-    from flowrl.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
+    from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
 
     checkpoint = load_consolidated(path) if is_sharded_checkpoint(path) else torch.load(
         path, map_location="cpu", weights_only=False)

@@ -2,7 +2,7 @@
 and ``predict_step`` draws every model's image of each (prompt, seed), scores them with every metric and measures
 drift and diversity, so everything paired or per prompt is computed where the images are, on any number of devices.
 
-The images are :meth:`flowrl.methods.BaseModule.generate`'s (the deterministic ODE from each seed's noise,
+The images are :meth:`flowrl.methods.generation.Generation.generate`'s (every method's ``generate``) (the deterministic ODE from each seed's noise,
 :func:`flowrl.sampling.sampler.seeded_noise`): the noise of a (prompt, seed) depends on the seed alone, so every model
 starts from the same noise. Batches are a pure function of (prompt count, seeds, batch size, rank, world size) and
 hold the same rows whatever the number of processes, which is what makes 2 processes write what 1 writes.
@@ -26,7 +26,7 @@ from flowrl.data import EvalLoader
 from flowrl.evaluation.models import Model
 from flowrl.evaluation.signals import DISTANCES, mean_pairwise
 from flowrl.evaluation.suites import Suite
-from flowrl.methods.base import BaseModule
+from flowrl.methods.generation import Generation
 
 
 def evaluation_batches(num_prompts: int, seeds: list[int], prompts_per_batch: int, rank: int = 0,
@@ -61,7 +61,7 @@ class EvaluationProgressBar(TQDMProgressBar):
         return self.description
 
 
-class Evaluator(BaseModule):
+class Evaluator(Generation):
     """Draws, scores and measures every model on the rows of each batch.
 
     Args:
@@ -77,7 +77,8 @@ class Evaluator(BaseModule):
     def __init__(self, models: list[Model], suite: Suite, seeds: list[int], num_steps: int, guidance_scale: float,
                  prompts_per_batch: int, feature_metric: Optional[str] = None, image_dir: Optional[str] = None,
                  grid: frozenset = frozenset()):
-        super().__init__(models[0].policy, num_steps=num_steps, guidance_scale=guidance_scale)
+        super().__init__()
+        self.policy, self.eval_num_steps, self.guidance_scale = models[0].policy, num_steps, guidance_scale
         self.models, self.suite, self.seeds = models, suite, list(seeds)
         self.prompts_per_batch, self.feature_metric = prompts_per_batch, feature_metric
         self.image_dir, self.grid = image_dir, grid

@@ -88,7 +88,7 @@ def base_model(config: dict) -> tuple[str, str]:
     resolved as the policy resolves it; the class's default where the config names none)."""
     import inspect
 
-    from flowrl.hub import resolve_model
+    from flowrl.model_paths import resolve_model
     from flowrl.rewards.function import import_callable
 
     spec = policy_spec(config)
@@ -116,8 +116,8 @@ def run_config(ckpt: Path) -> Optional[Path]:
 
 def _kind(name: str, value: str, path: Path) -> tuple[Optional[str], list[str]]:
     """``"checkpoint"`` or ``"lora"``, or the problem with ``--ckpt_path name=value``."""
-    from flowrl.cli import checkpoint_problems
-    from flowrl.sharded_checkpoint import is_sharded_checkpoint
+    from flowrl.cli.config_checks import checkpoint_problems
+    from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint
 
     what = "pass a fit checkpoint (runs/<name>/version_N/checkpoints/last.ckpt), a sharded checkpoint's folder or a "
     what += "LoRA folder (python -m flowrl export --out FOLDER)"
