@@ -40,7 +40,7 @@ def main() -> None:
         run([sys.executable, "-m", "flowrl", "fit", "--config", "configs/quickstart.yaml"])
     ckpt = Path(opts.ckpt).resolve() if opts.ckpt else newest_checkpoint()
     report = ckpt.parents[1] / "evaluations" / "quickstart"
-    relative = lambda p: str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)  # noqa: E731  as a user types it
+    relative = lambda p: str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)  # noqa: E731  as typed
     run([sys.executable, "-m", "flowrl", "evaluate", "--ckpt_path", f"quickstart={relative(ckpt)}", "--suite",
          "digits_val", "--seeds", "0", "1", "2", "3", "--held_out", "configs/evaluate/digits_held_out.yaml", "--out",
          relative(report)])

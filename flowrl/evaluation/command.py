@@ -205,7 +205,8 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
                           features.name if features else None,
                           None if opts.no_images or out is None else str(out / "images"),
                           frozenset((p, s) for p in grid[0] for s in grid[1]))
-    runner = trainer(opts, [*metrics.rewards, EvaluationProgressBar(f"evaluate: {len(models)} model{'s' * (len(models) > 1)}")])
+    bar = EvaluationProgressBar(f"evaluate: {len(models)} model{'s' * (len(models) > 1)}")
+    runner = trainer(opts, [*metrics.rewards, bar])
     runner.predict(evaluator, return_predictions=False)
     scores, diversity, images = evaluator.gathered()
     if not runner.is_global_zero:

@@ -2,10 +2,11 @@
 and ``predict_step`` draws every model's image of each (prompt, seed), scores them with every metric and measures
 drift and diversity, so everything paired or per prompt is computed where the images are, on any number of devices.
 
-The images are :meth:`flowrl.methods.generation.Generation.generate`'s (every method's ``generate``) (the deterministic ODE from each seed's noise,
-:func:`flowrl.sampling.sampler.seeded_noise`): the noise of a (prompt, seed) depends on the seed alone, so every model
-starts from the same noise. Batches are a pure function of (prompt count, seeds, batch size, rank, world size) and
-hold the same rows whatever the number of processes, which is what makes 2 processes write what 1 writes.
+The images are every method's :meth:`~flowrl.methods.generation.Generation.generate` (the deterministic ODE from
+each seed's noise, :func:`flowrl.sampling.sampler.seeded_noise`): the noise of a (prompt, seed) depends on the seed
+alone, so every model starts from the same noise. Batches are a pure function of (prompt count, seeds, batch size,
+rank, world size) and hold the same rows whatever the number of processes, which is what makes 2 processes write
+what 1 writes.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ class Evaluator(Generation):
             with self.drawing(model):
                 images[model.name] = self.generate(prompts, seeds.to(self.device)).float()
             for reward in self.reward_set.callbacks:
-                self.keep(model.name, ids, seeds, reward.name, self.score(reward, images[model.name], prompts, metadata))
+                scores = self.score(reward, images[model.name], prompts, metadata)  # [B]
+                self.keep(model.name, ids, seeds, reward.name, scores)
             if self.feature_metric is not None:
                 reward = next(r for r in self.reward_set.callbacks if r.name == self.feature_metric)
                 features[model.name] = reward.image_features(images[model.name]).float()

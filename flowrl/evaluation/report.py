@@ -211,7 +211,8 @@ def write_report(out: Path, settings: Settings, suite: Suite, metrics: Metrics, 
                                  "side, its scores under it. Every image is in `images/<model>/` unless the run "
                                  "passed `--no_images`."),
                    doc.Figure(grid_file.name, "the same noise across models")]
-    blocks += [doc.Heading("How to read this"), doc.Bullets(READING), doc.Paragraph("More: the Evaluating page of flowrl's documentation (`docs/evaluating.md`).")]
+    blocks += [doc.Heading("How to read this"), doc.Bullets(READING),
+               doc.Paragraph("More: the Evaluating page of flowrl's documentation (`docs/evaluating.md`).")]
     (out / "report.md").write_text(doc.to_markdown(blocks))
     (out / "report.html").write_text(doc.to_html(blocks, out, title))
     return out / "report.md"

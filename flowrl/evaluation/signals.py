@@ -3,7 +3,8 @@ different a prompt's seeds still are from each other (diversity), and the flag t
 
 A policy that games its reward raises the trained score while something a reader cares about falls: a reward it
 was not trained on (held-out), or the variety of its images (mode collapse, a known effect of reward maximisation:
-Flow-GRPO arXiv 2505.05470 sec. 5 keeps a KL term for it; DDPO arXiv 2305.13301 sec. 6 shows over-optimisation).
+Flow-GRPO, arXiv 2505.05470, keeps a KL term against reward hacking; DDPO, arXiv 2305.13301, reports
+over-optimisation).
 Drift has no "right" size and raises no flag; it says how much of the base model is left.
 
 Distances (each a pure function, images in [0, 1], features any ``[B, D]``):

@@ -60,8 +60,8 @@ def is_named(source: str) -> bool:
 def read_records(path: Path) -> tuple[list[dict], list[str]]:
     """The records of a ``.txt`` or ``.jsonl`` file and the problems found in it (each naming the line)."""
     if path.suffix not in SUFFIXES:
-        return [], [f"--suite {path}: unsupported suffix {path.suffix!r}; give a .txt (one prompt per line) or a .jsonl "
-                    "({\"prompt\": ..., \"category\": ...} per line) file, or a named suite"]
+        return [], [f"--suite {path}: unsupported suffix {path.suffix!r}; give a .txt (one prompt per line) or a "
+                    ".jsonl ({\"prompt\": ..., \"category\": ...} per line) file, or a named suite"]
     if not path.is_file():
         return [], [f"--suite {path} does not exist (relative paths start at {Path.cwd()}); named suites: "
                     f"{', '.join(named_suites())}"]

@@ -72,8 +72,8 @@ def test_a_run_without_its_config_and_a_folder_that_is_neither(tmp_path, no_weig
            "--config" in message
     assert f"--ckpt_path x={tmp_path / 'empty'}: a folder with neither pytorch_lora_weights.safetensors" in message
     (tmp_path / "cut.ckpt").write_bytes(b"")
-    assert f"--ckpt_path y={tmp_path / 'cut.ckpt'}: is empty (0 bytes: a save that was cut off); pass a fit" in problems(
-        ["--ckpt_path", f"y={tmp_path / 'cut.ckpt'}", "--config", str(ROOT / "configs/quickstart.yaml")])
+    message = problems(["--ckpt_path", f"y={tmp_path / 'cut.ckpt'}", "--config", str(ROOT / "configs/quickstart.yaml")])
+    assert f"--ckpt_path y={tmp_path / 'cut.ckpt'}: is empty (0 bytes: a save that was cut off); pass a fit" in message
     assert "give --config" not in message  # the problems above say what is wrong; no second, vaguer line
 
 

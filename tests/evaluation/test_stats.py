@@ -13,7 +13,8 @@ from flowrl.evaluation.stats import (bootstrap_interval, category_masks, compare
 
 def exact_bootstrap_quantiles(values, confidence=0.95):
     """The quantiles of the mean over *every* resample of ``values`` (n^n equally likely index tuples), taken as
-    the smallest mean whose cumulative probability reaches the level: an oracle that shares no code with the bootstrap."""
+    the smallest mean whose cumulative probability reaches the level: an oracle that shares no code with the
+    bootstrap."""
     n = len(values)
     means = sorted(sum(values[i] for i in idx) / n for idx in itertools.product(range(n), repeat=n))
     alpha = 1 - confidence
