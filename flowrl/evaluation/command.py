@@ -35,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt_path", nargs="+", default=[], metavar="NAME=PATH", help="tuned models, each named")
     p.add_argument("--config", help="a fit config: the base model, the trained rewards, the defaults below (default: "
                    "the first checkpoint's run config)")
+    p.add_argument("--base_lora", help="LoRA weights the base model carries: a folder, or an embedded flowrl/<name> "
+                   "such as flowrl/tiny-digits-k4, the distilled generator TDM-R1 starts from (default: none)")
     p.add_argument("--suite", nargs="+", metavar="SUITE", help="a named suite (digits_val) or .txt/.jsonl prompt files "
                    "(default: the config's data.val_prompts)")
     p.add_argument("--held_out", nargs="+", default=[], metavar="FILE|CLASS",
@@ -69,6 +71,7 @@ class Plan:
 
     base: dict
     base_path: Any
+    base_lora: Optional[Path]
     sources: list[Source]
     suite: Suite
     metrics: Metrics
@@ -124,6 +127,8 @@ def plan(opts: argparse.Namespace) -> tuple[Optional[Plan], list[str]]:
     if base is None:
         return None, problems
     problems += base_problems(base, base_path, sources)
+    base_lora, wrong = base_lora_folder(opts.base_lora)
+    problems += wrong
     model = (base.get("model") or {}).get("init_args") or {}
     data = base.get("data") or {}
     suite_sources = opts.suite or ([data["val_prompts"]] if isinstance(data.get("val_prompts"), str) else None)
@@ -141,8 +146,25 @@ def plan(opts: argparse.Namespace) -> tuple[Optional[Plan], list[str]]:
     num_steps = opts.num_steps or model.get("eval_num_steps") or model.get("num_steps") or 10
     guidance = opts.guidance_scale if opts.guidance_scale is not None else model.get("guidance_scale", 4.5)
     batch_size = opts.batch_size or data.get("val_batch_size") or 16
-    return Plan(base, base_path, sources, suite, metrics, int(num_steps), float(guidance),
+    return Plan(base, base_path, base_lora, sources, suite, metrics, int(num_steps), float(guidance),
                 max(1, batch_size // len(opts.seeds))), []
+
+
+def base_lora_folder(value: Optional[str]) -> tuple[Optional[Path], list[str]]:
+    """``--base_lora`` as a folder holding LoRA weights (an embedded name resolved), or the problem."""
+    from flowrl.evaluation.sources import WEIGHTS_NAME
+    from flowrl.model_paths import resolve_model
+
+    if value is None:
+        return None, []
+    try:
+        folder = Path(resolve_model(value))
+    except FileNotFoundError as err:
+        return None, [f"--base_lora {value}: {err}"]
+    if not (folder / WEIGHTS_NAME).is_file():
+        return None, [f"--base_lora {value}: no {WEIGHTS_NAME} there; give a LoRA folder (python -m flowrl export "
+                      "--out FOLDER) or an embedded one such as flowrl/tiny-digits-k4"]
+    return folder, []
 
 
 def output_folder(opts: argparse.Namespace, sources: list[Source]) -> Optional[Path]:
@@ -200,7 +222,7 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
         print(f"flowrl evaluate: {' + '.join(names)} on {suite.name} ({len(suite)} prompts x {len(seeds)} seeds = "
               f"{len(suite) * len(seeds)} images per model), {found.num_steps} ODE steps, guidance "
               f"{found.guidance_scale:g} -> {out}", flush=True)
-    models = load_models(policy_spec(found.base), found.sources)
+    models = load_models(policy_spec(found.base), found.sources, found.base_lora)
     evaluator = Evaluator(models, suite, seeds, found.num_steps, found.guidance_scale, found.prompts_per_batch,
                           features.name if features else None,
                           None if opts.no_images or out is None else str(out / "images"),
@@ -211,7 +233,8 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
     scores, diversity, images = evaluator.gathered()
     if not runner.is_global_zero:
         return None
-    settings = Settings({"base": f"{policy_spec(found.base).get('init_args', {}).get('model')} ({found.base_path})",
+    base = f"{policy_spec(found.base).get('init_args', {}).get('model')} ({found.base_path})"
+    settings = Settings({"base": base + (f" + LoRA {opts.base_lora}" if opts.base_lora else ""),
                          **{s.name: str(s.path) for s in found.sources}}, suite.name, seeds, found.num_steps,
                         found.guidance_scale, features.name if features else None, opts.resamples, opts.confidence,
                         opts.bootstrap_seed, opts.margin, command)

@@ -92,18 +92,26 @@ def has_adapter_metadata(folder: Path) -> bool:
         return "lora_adapter_metadata" in (f.metadata() or {})
 
 
+def add_folder(backbone: FlowPolicy, base_spec: dict, adapter: str, folder: Path) -> None:
+    """A LoRA folder as the adapter ``adapter``: with its metadata's rank and alpha, or without metadata the base
+    config's LoRA options."""
+    from flowrl.policies.adapter_weights import load_adapter
+    from flowrl.policies.export import load_lora
+
+    if has_adapter_metadata(folder):
+        load_lora(backbone, folder, adapter)
+    else:
+        backbone.add_adapter(adapter, lora_options(base_spec) or LoraOptions(), trainable=False)
+        load_adapter(backbone, adapter, str(folder))
+
+
 def add_source(backbone: FlowPolicy, base_spec: dict, source: Source) -> Model:
     """``source`` as a model: an adapter on ``backbone``, or (full fine-tuning) a policy of its own."""
-    from flowrl.policies.adapter_weights import load_adapter, set_adapter_state
-    from flowrl.policies.export import load_lora
+    from flowrl.policies.adapter_weights import set_adapter_state
 
     adapter = ADAPTER_PREFIX + source.name
     if source.kind == "lora":
-        if has_adapter_metadata(source.path):
-            load_lora(backbone, source.path, adapter)
-        else:
-            backbone.add_adapter(adapter, lora_options(base_spec) or LoraOptions(), trainable=False)
-            load_adapter(backbone, adapter, str(source.path))
+        add_folder(backbone, base_spec, adapter, source.path)
     elif (options := lora_options(policy_spec(source.config))) is not None:
         backbone.add_adapter(adapter, options, trainable=False)
         set_adapter_state(backbone, adapter, generator_weights(checkpoint_state(source.path)),
@@ -116,15 +124,21 @@ def add_source(backbone: FlowPolicy, base_spec: dict, source: Source) -> Model:
     return Model(source.name, backbone, lambda: backbone.adapter(adapter))
 
 
-def load_models(base_spec: dict, sources: list[Source]) -> list[Model]:
-    """The base model and every source, in order; the LoRA ones on one backbone built from ``base_spec``."""
+def load_models(base_spec: dict, sources: list[Source], base_lora: Optional[Path] = None) -> list[Model]:
+    """The base model and every source, in order; the LoRA ones on one backbone built from ``base_spec``.
+
+    The base is the backbone alone, or the backbone with ``base_lora`` (a distilled few-step generator such as
+    ``flowrl/tiny-digits-k4``, where TDM-R1 starts), or with the LoRA the policy's ``lora.init`` starts from.
+    """
     backbone = build_policy(base_spec, lora_default=True).requires_grad_(False).eval()
     starts_from = (base_spec.get("init_args") or {}).get("lora")
-    # a base whose LoRA starts from given weights (a distilled few-step generator) is that adapter, not the backbone
     initial = isinstance(starts_from, dict) and starts_from.get("init") is not None
     base = Model(BASE, backbone, (lambda: backbone.adapter(DEFAULT_ADAPTER)) if initial else backbone.reference)
     with warnings.catch_warnings():  # several adapters on one backbone are the point; peft warns at the second
         warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute in the model")
+        if base_lora is not None:
+            add_folder(backbone, base_spec, ADAPTER_PREFIX + BASE, base_lora)
+            base = Model(BASE, backbone, lambda: backbone.adapter(ADAPTER_PREFIX + BASE))
         models = [base, *[add_source(backbone, base_spec, s) for s in sources]]
     backbone.requires_grad_(False)  # adding an adapter marks the backbone's flags again; nothing here trains
     return models

@@ -6,6 +6,7 @@ in ``test_evaluate.py``, a LoRA fit checkpoint."""
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
 from peft.utils import get_peft_model_state_dict
@@ -90,3 +91,23 @@ def test_a_full_checkpoint_and_lora_folders_draw_their_own_images(tmp_path, monk
     report = (out / "report.md").read_text()
     assert "| brightness | trained | full |" in report  # its run config trained brightness
     assert "| brightness | trained | lora |" in report  # a folder: trained as the base config says
+
+
+def test_a_base_that_carries_a_lora_draws_with_it(tmp_path, monkeypatch):
+    # TDM-R1 starts from a distilled 4-step generator: evaluated against the teacher alone its gains would be the
+    # distillation's. --base_lora makes the base the backbone with that LoRA (rank and alpha of the config: 16, 32)
+    monkeypatch.chdir(ROOT)
+    suite = tmp_path / "suite.txt"
+    suite.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "report"
+    main(["evaluate", "--config", "configs/tiny_tdm_r1.yaml", "--base_lora", "flowrl/tiny-digits-k4", "--suite",
+          str(suite), "--seeds", *map(str, SEEDS), "--out", str(out), "--accelerator", "cpu", "--grid_prompts", "0"])
+    prompts, seeds = [p for p in PROMPTS for _ in SEEDS], torch.tensor(SEEDS * len(PROMPTS))
+    k4 = TinyFlowPolicy(lora=LoraOptions(rank=16, alpha=32, init="flowrl/tiny-digits-k4"))
+    expected = (FlowGRPO(k4, guidance_scale=1.0).generate(prompts, seeds, 4).clamp(0, 1) * 255).round().to(torch.uint8)
+    files = [out / "images" / "base" / image_name(i // len(SEEDS), p, s)
+             for i, (p, s) in enumerate(zip(prompts, seeds.tolist()))]
+    written = torch.stack([torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1) for f in files])
+    assert torch.equal(written, expected)
+    with pytest.raises(SystemExit, match="--base_lora flowrl/nothing: embedded model 'flowrl/nothing' is not shipped"):
+        main(["evaluate", "--config", "configs/tiny_tdm_r1.yaml", "--base_lora", "flowrl/nothing"])
