@@ -80,6 +80,11 @@ class ClipReward(ModelReward):
         pixels = self.pixel_values(images)
         return F.normalize(projected(self.model.get_image_features(pixel_values=pixels)).float(), dim=-1)
 
+    def image_features(self, images: Tensor) -> Tensor:
+        """The unit-norm image embeddings ``[B, E]``: the feature space in which ``python -m flowrl evaluate``
+        measures drift and diversity."""
+        return self.image_embeddings(images)
+
     def text_embeddings(self, prompts: list[str]) -> Tensor:
         """Unit-norm text embeddings ``[B, E]`` (float32)."""
         tokens = self.tokens(prompts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 from flowrl.digit_canvas import CANVAS_SIZE, parse_prompt
@@ -43,3 +44,9 @@ class DigitAlignment(ModelReward):
                              f" got {images.shape[-2]}x{images.shape[-1]} images")
         specs = [parse_prompt(p) for p in prompts]
         return self.model.alignment(images.to(self.model_device, self.dtype), specs)
+
+    @torch.no_grad()
+    def image_features(self, images: Tensor) -> Tensor:
+        """The classifier's penultimate features ``[B, 128]`` of canvases ``[B, 3, 16, 16]`` (what its four heads
+        read): the feature space in which ``python -m flowrl evaluate`` measures drift and diversity."""
+        return self.model.embed(images.to(self.model_device, self.dtype)).float()

@@ -74,9 +74,13 @@ class DigitCanvasClassifier(
         )
         self.heads = nn.ModuleDict({name: nn.Linear(hidden, n) for name, n in HEADS.items()})
 
-    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """The features every head reads, ``[B, hidden]``."""
         # Centre inputs so that black background is not a "dead" zero input for BatchNorm.
-        h = self.trunk(self.features(images * 2 - 1))
+        return self.trunk(self.features(images * 2 - 1))
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.embed(images)
         return {name: head(h) for name, head in self.heads.items()}
 
     @staticmethod

@@ -110,6 +110,10 @@ def main(args: Optional[list[str]] = None) -> None:
         from flowrl.policies.export import main as export
 
         return export(args[1:])
+    if args[:1] == ["evaluate"]:  # not a LightningCLI subcommand: base against tuned models on a prompt suite
+        from flowrl.evaluation.command import main as evaluate
+
+        return evaluate(args[1:])
     if args[:1] == ["predict"]:  # LightningCLI's predict, reached through short options
         from flowrl.cli.predict import predict_arguments
 

@@ -47,7 +47,7 @@ def load_adapter(policy: FlowPolicy, name: str, source: str) -> None:
             other target modules or another model).
     """
     import torch
-    from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+    from peft.utils import get_peft_model_state_dict
     from safetensors.torch import load_file
 
     _check_adapter(policy, name)
@@ -63,9 +63,24 @@ def load_adapter(policy: FlowPolicy, name: str, source: str) -> None:
     else:
         prefix = _prefix(policy)
         loaded = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in load_file(str(file)).items()}
+    set_adapter_state(policy, name, loaded, repr(source))
+
+
+def set_adapter_state(policy: FlowPolicy, name: str, loaded: dict, source: str) -> None:
+    """Sets adapter ``name``'s LoRA weights from ``loaded``, keyed as peft's ``get_peft_model_state_dict`` keys them
+    (``<module>.lora_A.weight``); ``source`` names where they came from in the error.
+
+    Raises:
+        ValueError: the weights do not fit the adapter (another rank, other target modules or another model).
+    """
+    import torch
+    from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+
+    _check_adapter(policy, name)
+    expected = get_peft_model_state_dict(policy.denoiser, adapter_name=name)
     wrong = sorted(set(loaded) ^ set(expected)) or [k for k in expected if loaded[k].shape != expected[k].shape]
     if wrong:
-        raise ValueError(f"the LoRA weights at {source!r} do not fit adapter {name!r} (e.g. {wrong[:2]}); give "
+        raise ValueError(f"the LoRA weights at {source} do not fit adapter {name!r} (e.g. {wrong[:2]}); give "
                          "weights of the same model, LoRA rank and target modules")
     with torch.no_grad():
         set_peft_model_state_dict(policy.denoiser, loaded, adapter_name=name)
