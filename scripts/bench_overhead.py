@@ -5,7 +5,10 @@
 Rollout: ``flowrl.sampling.sample`` (seeded per-sample noise, SDE step, log-probs, recorded latents) vs a bare
 loop of the same CFG transformer calls with an Euler update. Training: flowrl's per-pair loss (log-prob
 recomputation, PPO clip) forward+backward over every trained (sample, step) pair in micro-batches vs a bare
-forward+backward of the same micro-batches with a mean-square loss. Prints medians and their ratios.
+forward+backward of the same micro-batches with a mean-square loss (both with the gradient through both halves of
+CFG). CFG gradient: the same training pass with ``cfg_gradient: both`` and ``cond`` (the unconditional half without
+a graph), its time and the bytes its forward saves for the backward (exact activation memory: CPUs have no peak
+counter). Prints medians and their ratios.
 """
 
 from __future__ import annotations
@@ -35,6 +38,20 @@ def timed(fns, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def saved_bytes(forward) -> int:
+    """Bytes of the tensors ``forward()`` saves for its backward (what a training pass holds until the backward)."""
+    total = 0
+
+    def pack(tensor):
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        forward()
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="flowrl/tiny-digits")
@@ -46,7 +63,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     policy = TinyFlowPolicy(args.model)
-    method = FlowGRPO(policy, num_steps=args.steps, guidance_scale=args.guidance, micro_batch_size=args.micro_batch)
+    method = FlowGRPO(policy, num_steps=args.steps, guidance_scale=args.guidance, micro_batch_size=args.micro_batch,
+                      cfg_gradient="both")  # the bare loop differentiates both halves too
     prompts = ["red 3 and blue 7"] * args.batch
     seeds = torch.arange(args.batch)
     cond = policy.encode(prompts)
@@ -103,12 +121,27 @@ def main() -> None:
             p.grad = None
 
     train_flowrl, train_bare = timed([flowrl_train, bare_train], args.repeats)
+
+    def train_with(cfg_gradient: str):
+        def run():
+            method.cfg_gradient = cfg_gradient
+            flowrl_train()
+        return run
+
+    cfg_times = timed([train_with("both"), train_with("cond")], args.repeats)
+    cfg_bytes = [saved_bytes(lambda: method.pair_loss(rollout, cond, advantages, weights, pairs[:args.micro_batch]))
+                 for method.cfg_gradient in ("both", "cond")]
+    method.cfg_gradient = "both"
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}; batch {args.batch}, "
           f"T={args.steps}, CFG {args.guidance}, {len(pairs)} trained pairs, micro-batch {args.micro_batch}")
     print(f"rollout:  flowrl {rollout_flowrl * 1e3:8.1f} ms | bare {rollout_bare * 1e3:8.1f} ms | "
           f"ratio {rollout_flowrl / rollout_bare:.3f}")
     print(f"training: flowrl {train_flowrl * 1e3:8.1f} ms | bare {train_bare * 1e3:8.1f} ms | "
           f"ratio {train_flowrl / train_bare:.3f}")
+    mib = [b / 2**20 for b in cfg_bytes]
+    print(f"cfg_gradient both: {cfg_times[0] * 1e3:8.1f} ms, {mib[0]:7.2f} MiB saved for backward per micro-batch | "
+          f"cond: {cfg_times[1] * 1e3:8.1f} ms, {mib[1]:7.2f} MiB | cond/both: time {cfg_times[1] / cfg_times[0]:.3f}, "
+          f"memory {mib[1] / mib[0]:.3f}")
 
 
 if __name__ == "__main__":

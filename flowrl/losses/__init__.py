@@ -7,7 +7,7 @@
 
 from flowrl.losses.aggregate import AGGREGATIONS, aggregate
 from flowrl.losses.entropy import entropy_from_logits
-from flowrl.losses.kl import KL_ESTIMATORS, gaussian_mean_kl, kl
+from flowrl.losses.kl import KL_CONVENTIONS, KL_ESTIMATORS, gaussian_mean_kl, kl, kl_convention_scale
 from flowrl.losses.nft import ADVANTAGE_MODES, nft_loss, old_decay, optimality_probability
 from flowrl.losses.policy import (available_policy_losses, check_policy_loss, cispo, gpg, gspo, is_sequence_level,
                                   policy_loss, policy_loss_options, register_policy_loss, resolve_policy_loss, sapo,
@@ -16,7 +16,7 @@ from flowrl.losses.tdm import (fake_score_loss, frozen_rows, generator_loss, gro
                                renoise, renoise_sigma, surrogate_target)
 
 __all__ = [
-    "AGGREGATIONS", "KL_ESTIMATORS", "aggregate", "available_policy_losses", "check_policy_loss", "cispo",
+    "AGGREGATIONS", "KL_CONVENTIONS", "KL_ESTIMATORS", "aggregate", "kl_convention_scale", "available_policy_losses", "check_policy_loss", "cispo",
     "entropy_from_logits", "gaussian_mean_kl", "gpg", "gspo", "is_sequence_level", "kl", "policy_loss",
     "policy_loss_options", "register_policy_loss", "resolve_policy_loss", "sapo", "vanilla",
     # likelihood-free methods: DiffusionNFT (nft) and TDM-R1 (tdm)

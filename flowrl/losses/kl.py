@@ -54,12 +54,37 @@ def kl(name: str, log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
 def gaussian_mean_kl(mean: Tensor, ref_mean: Tensor, std: Tensor) -> Tensor:
     """KL between two Gaussians of equal std, averaged over dims: ``mean((mu - mu_ref)^2) / (2 std^2)`` ``[B]``.
 
-    flowrl uses the transition std of the step (``s sqrt(-dt)`` for the Flow-GRPO SDE), i.e. the exact KL of the two
-    transition kernels; flow_grpo divides by ``s^2`` alone, which makes its KL ``|dt|`` times ours, so a flow_grpo
-    ``beta`` maps to ``beta * |dt|`` here.
+    With the transition std of a sampler step (``s sqrt(-dt)`` for the Flow-GRPO SDE) this is the exact KL of the two
+    transition kernels, the ``exact`` convention of :func:`kl_convention_scale`.
 
     >>> gaussian_mean_kl(torch.ones(1, 2), torch.zeros(1, 2), torch.full((1, 1), 0.5)).item()
     2.0
     """
     sq = (mean.float() - ref_mean.float()) ** 2 / (2 * std.float() ** 2)
     return sq.flatten(1).mean(dim=1)
+
+
+#: how a policy's KL to its reference is scaled (``beta`` is in the units of one of them):
+#: ``exact`` the Gaussian KL of the two transitions; ``flow_grpo`` as yifan123/flow_grpo scripts/train_sd3.py
+KL_CONVENTIONS = ("exact", "flow_grpo")
+
+
+def kl_convention_scale(convention: str, step_kind: str, sigma: Tensor, sigma_next: Tensor) -> Tensor:
+    """The factor ``[...]`` that turns the exact transition KL into ``convention``'s, per step.
+
+    flow_grpo divides the squared mean gap by ``2 std_dev_t^2``, ``std_dev_t`` being what its step returns: for its
+    SDE step the coefficient ``s = a sqrt(sigma / (1 - sigma))``, whose transition std is ``s sqrt(|dt|)``, so its
+    KL is the exact one times ``|dt| = sigma - sigma_next``; for its CPS step the transition std itself (factor 1).
+    Step kinds flow_grpo's code does not have (``dance``, ``ddim``) keep the exact KL. A flow_grpo ``beta`` (0.01 for
+    PickScore, 0.04 for GenEval and OCR) means what it meant there under ``flow_grpo``.
+
+    >>> kl_convention_scale("flow_grpo", "flow_grpo", torch.tensor([1.0, 0.5]), torch.tensor([0.9, 0.3]))
+    tensor([0.1000, 0.2000])
+    >>> kl_convention_scale("exact", "flow_grpo", torch.tensor([1.0]), torch.tensor([0.9]))
+    tensor([1.])
+    """
+    if convention not in KL_CONVENTIONS:
+        raise ValueError(f"unknown KL convention {convention!r}; choose one of {list(KL_CONVENTIONS)}")
+    if convention == "flow_grpo" and step_kind == "flow_grpo":
+        return (sigma - sigma_next).abs().float()
+    return torch.ones_like(sigma, dtype=torch.float32)

@@ -21,7 +21,7 @@ from flowrl import losses
 from flowrl.methods.base import BaseModule
 from flowrl.methods.batch import Batch
 from flowrl.methods.option_surface import at_least, policy_prediction
-from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.policies.base import CFG_GRADIENTS, Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import trained_steps
 from flowrl.sampling.steps import ODE_STEPS, PREDICTIONS, STEPS, StepOutput, get_step
@@ -38,7 +38,13 @@ class PolicyGradient(BaseModule):
         loss: policy loss or preset of ``flowrl.losses`` (``vanilla``, ``gspo``, ``gpg``, ``cispo``, ``sapo``).
         loss_options: the loss's options, e.g. ``{clip_high: 2.0e-4, dual_clip: 3.0}``. A sequence-level loss
             (``gspo``) trains every trained step of a sample in one micro-batch.
-        beta: KL coefficient to the reference policy (0 disables).
+        beta: KL coefficient to the reference policy (0 disables), in ``kl_convention``'s units.
+        kl_convention: ``exact`` (the Gaussian KL of the two transitions) or ``flow_grpo`` (flow_grpo's
+            ``train_sd3.py``: divided by the SDE's ``s^2`` rather than the step's variance ``s^2 |dt|``, i.e. the exact
+            KL times ``|dt|``), so that a published ``beta`` means what it meant in its authors' code.
+        cfg_gradient: which halves of classifier-free guidance carry the policy gradient: ``both`` (the exact
+            gradient of the guided velocity) or ``cond`` (the unconditional half detached, as flow_grpo: it then runs
+            without a graph, so the training pass does no backward through it).
         num_inner_epochs: PPO epochs over one rollout batch.
         num_minibatches: optimizer steps per epoch (``trainer.max_steps`` counts them).
         micro_batch_size: (sample, step) pairs per forward/backward.
@@ -53,12 +59,14 @@ class PolicyGradient(BaseModule):
 
     def __init__(self, policy: FlowPolicy, step_kind: str = "flow_grpo", noise_level: float = 0.7,
                  clip_range: float = 1e-4, loss: str = "vanilla", loss_options: Optional[dict[str, Any]] = None,
-                 beta: float = 0.0, num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
+                 beta: float = 0.0, kl_convention: str = "exact", cfg_gradient: str = "both",
+                 num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                  check_ratio: bool = False, check_ratio_threshold: float = 1e-3, recompute_log_probs: bool = False,
                  **kwargs: Any):
         # **kwargs passed on unchanged: jsonargparse reads the base's signature through it (--help, YAML checks)
         super().__init__(policy, **kwargs)
         self.step_kind, self.noise_level = step_kind, noise_level
+        self.kl_convention, self.cfg_gradient = kl_convention, cfg_gradient
         loss, options = losses.resolve_policy_loss(loss, **clip_options(loss, clip_range), **(loss_options or {}))
         self.ppo = PPOUpdate(loss=loss, loss_options=options, beta=beta, num_inner_epochs=num_inner_epochs,
                              num_minibatches=num_minibatches, micro_batch_size=micro_batch_size,
@@ -75,6 +83,11 @@ class PolicyGradient(BaseModule):
                             "and 0 or less gives NaN log-probs (use the ODE for deterministic sampling; 0.7 is "
                             "Flow-GRPO's)")
         problems += at_least(o, 0, ("beta",), hint=" (the KL penalty's coefficient; 0 disables it)")
+        if o.kl_convention not in losses.KL_CONVENTIONS:
+            problems.append(f"model.kl_convention={o.kl_convention!r}: choose one of {list(losses.KL_CONVENTIONS)} "
+                            "(the units beta is stated in)")
+        if o.cfg_gradient not in CFG_GRADIENTS:
+            problems.append(f"model.cfg_gradient={o.cfg_gradient!r}: choose one of {list(CFG_GRADIENTS)}")
         problems += at_least(o, 1, ("num_inner_epochs", "num_minibatches", "micro_batch_size"))
         if o.loss not in losses.available_policy_losses():
             return problems + [f"model.loss={o.loss!r}: choose a policy loss from {losses.available_policy_losses()}"]
@@ -101,9 +114,16 @@ class PolicyGradient(BaseModule):
         (the reference's inside ``policy.reference()``): its mean, std and the log-prob of the recorded next latent."""
         b, k = pairs[:, 0], pairs[:, 1]
         z, sigma = rollout.states(b, k), rollout.sigmas[b, k]
-        velocity = self.policy.velocity(z, sigma, cond.select(rollout.cond_rows[b]), self.guidance_scale)
+        velocity = self.policy.velocity(z, sigma, cond.select(rollout.cond_rows[b]), self.guidance_scale,
+                                        self.cfg_gradient)
         return get_step(self.step_kind)(z, velocity, sigma, rollout.sigmas[b, k + 1], z_next=rollout.states(b, k + 1),
                                         noise_level=self.noise_levels().to(self.device)[k])
+
+    def kl_scale(self, rollout: Rollout) -> Tensor:
+        """``[B, T]`` each step's factor from the exact KL to ``kl_convention``'s (:func:`flowrl.losses.kl_convention_
+        scale`)."""
+        return losses.kl_convention_scale(self.kl_convention, self.step_kind, rollout.sigmas[:, :-1],
+                                          rollout.sigmas[:, 1:])
 
     def reference_transition(self, rollout: Rollout, cond: Conditioning, pairs: Tensor) -> StepOutput:
         """:meth:`transition` under the reference policy (the KL's other side)."""
@@ -114,7 +134,8 @@ class PolicyGradient(BaseModule):
                   supervised: Optional[Tensor] = None) -> tuple[Tensor, dict[str, float]]:
         """The update's loss of ``pairs [P, 2]`` of one process's ``rollout`` (advantages, weights ``[B, T]``) and its
         diagnostics: the training pass the update runs per micro-batch (benchmarks and tests time and check it)."""
-        batch = UpdateBatch(rollout, advantages, weights, rollout.train_mask, slice(0, rollout.batch_size), supervised)
+        batch = UpdateBatch(rollout, advantages, weights, rollout.train_mask, slice(0, rollout.batch_size), supervised,
+                            self.kl_scale(rollout))
         return self.ppo.pair_loss(batch, lambda p: self.transition(rollout, cond, p),
                                   lambda p: self.reference_transition(rollout, cond, p), pairs)
 
@@ -123,7 +144,7 @@ class PolicyGradient(BaseModule):
         self.policy.train()
         to_train = UpdateBatch(rollout=rollout, advantages=batch.mine(batch.advantages),
                                weights=batch.mine(batch.loss_weights), global_mask=batch.trained, rows=batch.rows,
-                               supervised=batch.mine(batch.supervised_weights))
+                               supervised=batch.mine(batch.supervised_weights), kl_scale=self.kl_scale(rollout))
         return self.ppo.run(to_train, lambda pairs: self.transition(rollout, cond, pairs),
                             lambda pairs: self.reference_transition(rollout, cond, pairs), self.training_steps(),
                             self.optimizers(), seed=self.seed * 1_000_003 + self.global_step,

@@ -86,6 +86,9 @@ class Conditioning:
                             shared={k: torch.cat([p.shared[k] for p in parts]) for k in keys("shared")})
 
 
+#: which sides of classifier-free guidance carry the policy gradient (``FlowPolicy.guidance_sides``)
+CFG_GRADIENTS = ("both", "cond")
+
 #: the adapter a policy's ``lora`` option creates (peft's and diffusers' default name)
 DEFAULT_ADAPTER = "default"
 
@@ -239,16 +242,28 @@ class FlowPolicy(nn.Module):
         finally:
             self.denoiser = trained
 
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0,
+                 cfg_gradient: str = "both") -> Tensor:
         """Velocity (or noise, see ``prediction``) ``[B, ...]`` at per-sample ``sigma [B]``; with
-        ``guidance_scale > 1`` the unconditional and the conditional evaluations run as one batch and combine through
-        :meth:`guide`."""
+        ``guidance_scale > 1`` the unconditional and the conditional evaluations combine through :meth:`guide`
+        (their rows computed by :meth:`guidance_sides`, ``cfg_gradient`` saying which carry a gradient)."""
         if guidance_scale == 1.0 or not cond.guided:
             return self._forward(latents, sigma, cond.conditional())
+        return self.guide(*self.guidance_sides(latents, sigma, cond, cfg_gradient), guidance_scale)
+
+    def guidance_sides(self, latents: Tensor, sigma: Tensor, cond: Conditioning,
+                       cfg_gradient: str = "both") -> tuple[Tensor, Tensor]:
+        """``(v_uncond, v_cond)`` of classifier-free guidance. ``both``: the two sides as one batch, the gradient
+        through both. ``cond``: the unconditional side first, in a forward of its own without a graph (flow_grpo's
+        ``noise_pred_uncond.detach()``, without the backward through it), then the conditional side: the gradient
+        of the guided velocity is ``g dv_cond``, and the training pass skips the unconditional half's backward."""
+        if cfg_gradient == "cond":
+            with torch.no_grad():
+                v_uncond = self._forward(latents, sigma, cond.unconditional())
+            return v_uncond, self._forward(latents, sigma, cond.conditional())
         both = self._forward(torch.cat([latents, latents]), torch.cat([sigma, sigma]),
                              Conditioning.cat([cond.unconditional(), cond.conditional()]))
-        v_uncond, v_cond = both.chunk(2)
-        return self.guide(v_uncond, v_cond, guidance_scale)
+        return tuple(both.chunk(2))
 
     def guide(self, v_uncond: Tensor, v_cond: Tensor, guidance_scale: float) -> Tensor:
         """Classifier-free guidance ``v_u + g (v_c - v_u)`` (a family whose pipeline combines otherwise overrides it).

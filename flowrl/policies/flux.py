@@ -81,8 +81,10 @@ class FluxPolicy(PipelinePolicy):
         embeds, pooled = self._encoded(list(prompts))
         return Conditioning(embeds, pooled)
 
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
-        """Velocity ``[B, C, h, w]`` with ``guidance_scale`` as the distilled guidance input (one evaluation)."""
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0,
+                 cfg_gradient: str = "both") -> Tensor:
+        """Velocity ``[B, C, h, w]`` with ``guidance_scale`` as the distilled guidance input (one evaluation, so
+        ``cfg_gradient`` has nothing to choose between)."""
         return self._forward(latents, sigma, cond, guidance_scale)
 
     def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:

@@ -134,12 +134,13 @@ class Flux2Policy(PaddedPromptPolicy):
                                                   max_sequence_length=self.max_sequence_length)
         return list(embeds)  # every prompt padded to max_sequence_length by the pipeline: no mask needed
 
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0,
+                 cfg_gradient: str = "both") -> Tensor:
         """[dev]: ``guidance_scale`` is the transformer's guidance input (one evaluation); [klein]: CFG (base) or
         the conditional evaluation alone (step-distilled: its encoding has no unconditional side)."""
         if self.denoiser.config.guidance_embeds:
             return self._forward(latents, sigma, cond, guidance_scale)
-        return super().velocity(latents, sigma, cond, guidance_scale)
+        return super().velocity(latents, sigma, cond, guidance_scale, cfg_gradient)
 
     def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
         b, c, h, w = latents.shape

@@ -206,17 +206,16 @@ class WanPolicy(PipelinePolicy):
 
         return torch.distributed.get_world_size() > 1 and isinstance(self.denoiser.transformer, FSDPModule)
 
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0,
+                 cfg_gradient: str = "both") -> Tensor:
         """The guided velocity; with ``guidance_scale_2``, the low-noise expert's rows are guided by it instead."""
         if self.guidance_scale_2 is None:
-            return super().velocity(latents, sigma, cond, guidance_scale)
+            return super().velocity(latents, sigma, cond, guidance_scale, cfg_gradient)
         if not cond.guided or guidance_scale == self.guidance_scale_2 == 1.0:
             return self._forward(latents, sigma, cond.conditional())
         low = self.denoiser.expert_index(self.timesteps(sigma)).bool()
         scale = torch.where(low, self.guidance_scale_2, guidance_scale).to(latents.device)
-        both = self._forward(torch.cat([latents, latents]), torch.cat([sigma, sigma]),
-                             Conditioning.cat([cond.unconditional(), cond.conditional()]))
-        v_uncond, v_cond = both.chunk(2)
+        v_uncond, v_cond = self.guidance_sides(latents, sigma, cond, cfg_gradient)
         return self.guide(v_uncond, v_cond, scale.view(-1, *[1] * (latents.ndim - 1)))
 
     # -- videos ------------------------------------------------------------------------------------------------

@@ -35,8 +35,9 @@ Transition = Callable[[Tensor], StepOutput]
 class UpdateBatch:
     """What one update trains: ``rollout`` (this rank's rows; its ``train_mask`` the pairs this rank trains, its
     ``log_probs`` the old ones), ``advantages`` and ``weights`` ``[B, T]`` (this rank's), ``global_mask [B_all, T]``
-    the trained pairs of every rank in rank order with ``rows`` this rank's rows of it, and ``supervised [B, T]`` the
-    weights of a likelihood term ``-w log p(pair)`` beside the policy loss (LayerTuning-RL; None: none)."""
+    the trained pairs of every rank in rank order with ``rows`` this rank's rows of it, ``supervised [B, T]`` the
+    weights of a likelihood term ``-w log p(pair)`` beside the policy loss (LayerTuning-RL; None: none), and
+    ``kl_scale [B, T]`` the factor of each pair's exact KL in the convention ``beta`` is stated in (None: 1)."""
 
     rollout: Rollout
     advantages: Tensor
@@ -44,6 +45,7 @@ class UpdateBatch:
     global_mask: Tensor
     rows: slice
     supervised: Optional[Tensor] = None
+    kl_scale: Optional[Tensor] = None
 
 
 @dataclass
@@ -166,7 +168,9 @@ class PPOUpdate:
         if self.beta > 0:
             with torch.no_grad():
                 ref = reference(pairs)
-            kl = losses.gaussian_mean_kl(out.mean, ref.mean, out.std)  # [P]
+            kl = losses.gaussian_mean_kl(out.mean, ref.mean, out.std)  # [P] the exact KL of the two transitions
+            if batch.kl_scale is not None:
+                kl = kl * batch.kl_scale[b, k]  # in beta's convention
             per_pair = per_pair + self.beta * kl
             metrics["kl"] = kl.mean().item()
         if batch.supervised is not None:

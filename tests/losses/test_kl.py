@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from flowrl.losses import KL_ESTIMATORS, entropy_from_logits, gaussian_mean_kl, kl
+from flowrl.losses import KL_ESTIMATORS, entropy_from_logits, gaussian_mean_kl, kl, kl_convention_scale
 
 LOG2 = math.log(2.0)
 
@@ -67,3 +67,19 @@ def test_entropy_from_logits():
     logits = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0))
     oracle = torch.distributions.Categorical(logits=logits).entropy()
     assert entropy_from_logits(logits).shape == (3, 5) and torch.allclose(entropy_from_logits(logits), oracle)
+
+
+def test_both_kl_conventions_by_hand():
+    # a Flow-GRPO SDE step from sigma 1.0 to 0.9 with s = 0.5: the step's std is s sqrt(|dt|) = 0.5 sqrt(0.1)
+    # mean gap 1 in every dim: exact KL = 1 / (2 * 0.25 * 0.1) = 20; flow_grpo's train_sd3.py: 1 / (2 * 0.25) = 2
+    mean, ref = torch.ones(1, 4), torch.zeros(1, 4)
+    std = torch.full((1, 1), 0.5 * math.sqrt(0.1))
+    exact = gaussian_mean_kl(mean, ref, std)
+    assert exact.item() == pytest.approx(20.0, rel=1e-5)
+    sigma, sigma_next = torch.tensor([1.0]), torch.tensor([0.9])
+    assert (exact * kl_convention_scale("flow_grpo", "flow_grpo", sigma, sigma_next)).item() == pytest.approx(2.0)
+    assert (exact * kl_convention_scale("exact", "flow_grpo", sigma, sigma_next)).item() == pytest.approx(20.0)
+    # flow_grpo's CPS step returns the step's own std: its KL is the exact one
+    assert kl_convention_scale("flow_grpo", "cps", sigma, sigma_next).item() == 1.0
+    with pytest.raises(ValueError, match="unknown KL convention 'flowgrpo'"):
+        kl_convention_scale("flowgrpo", "flow_grpo", sigma, sigma_next)

@@ -72,3 +72,26 @@ def test_gspo_pair_loss_sees_each_samples_geometric_mean_ratio(policy):
     loss, metrics = loop.pair_loss(rollout, cond, advantages, weights, pairs)
     assert metrics["ratio_max"] == pytest.approx(math.exp(0.3), abs=1e-4)
     assert loss.item() == pytest.approx(-(2 + math.exp(0.3)) / 3, abs=1e-4)
+
+
+def test_the_kl_convention_scales_each_steps_kl_by_its_dt(tiny_model_dir):
+    """flow_grpo's KL (over 2 s^2) is the exact transition KL (over 2 s^2 |dt|) times |dt|, step by step."""
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4))
+    for p in policy.trainable_parameters():  # away from the reference (LoRA B = 0 is the reference exactly)
+        p.data.add_(0.05)
+    batch = {"prompts": ["red 1 and blue 2"] * 2, "group_ids": torch.zeros(2, dtype=torch.long),
+             "seeds": torch.tensor([5, 6])}
+    kls = {}
+    for convention in ("exact", "flow_grpo"):
+        loop = FlowGRPO(policy, num_steps=3, timestep_fraction=1.0, guidance_scale=1.0, beta=0.5,
+                        kl_convention=convention)
+        with torch.no_grad():
+            cond = policy.encode(batch["prompts"])
+            rollout = loop.rollout(batch, cond)
+            ones = torch.ones_like(rollout.log_probs)
+            kls[convention] = [loop.pair_loss(rollout, cond, ones, ones, torch.tensor([[0, k], [1, k]]))[1]["kl"]
+                               for k in range(3)]
+    dt = (rollout.sigmas[0, :-1] - rollout.sigmas[0, 1:]).tolist()
+    assert all(k > 0 for k in kls["exact"])
+    for exact, scaled, step in zip(kls["exact"], kls["flow_grpo"], dt):
+        assert scaled == pytest.approx(exact * step, rel=1e-5)

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # the video configs (wan*) go through the same two checks on tiny Wan pipelines in tests/policies/test_wan_fit.py
 GPU_CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")
                      if not p.name.startswith(("tiny_", "quick", "wan")))
-STAND_INS = {"SD3Policy": "sd3_dir", "FluxPolicy": "flux_dir", "SD15Policy": "sd15_dir"}
+STAND_INS = {"SD3Policy": "sd3_dir", "FluxPolicy": "flux_dir", "SD15Policy": "sd15_dir", "QwenImagePolicy": "qwen_image_dir",
+             "Flux2Policy": "flux2_dir", "ZImagePolicy": "zimage_dir"}
 PROMPTS = ["a red cat", "a blue dog"]
 #: options that name files the user downloads first (like the model's weights): a stand-in starts without them
 DOWNLOADS = {"generator_init": None}
@@ -39,10 +40,10 @@ def tiny_stand_in(config: str, model_dir: str, out: Path) -> Path:
     cfg["trainer"].update(accelerator="cpu", devices=1, strategy="auto", logger=False, enable_progress_bar=False,
                           default_root_dir=str(out), max_steps=init.get("num_inner_epochs", 1) *
                           init.get("num_minibatches", 1))
-    for callback in cfg["trainer"]["callbacks"]:  # reward models would download their weights: a weight-free one
+    for i, callback in enumerate(cfg["trainer"]["callbacks"]):  # reward models would download weights: weight-free
         if issubclass(_class(callback["class_path"]), RewardCallback):
             callback["class_path"] = "flowrl.rewards.JpegIncompressibility"
-            callback["init_args"] = {"weight": (callback.get("init_args") or {}).get("weight", 1.0)}
+            callback["init_args"] = {"weight": (callback.get("init_args") or {}).get("weight", 1.0), "name": f"r{i}"}
     init.update({key: value for key, value in DOWNLOADS.items() if key in init})
     if init.get("calibration"):  # DenseGRPO's calibration is sized like the batch: shrunk with it
         init["calibration"].update(samples=2, iterations=1)
