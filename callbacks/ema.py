@@ -4,7 +4,7 @@ Lightning's ``EMAWeightAveraging`` averages an ``AveragedModel``, a deep copy of
 SD3.5-M with LoRA r32 that is a second copy of the frozen text encoders, VAE and transformer (~16 GB in bf16) to
 average 18.8M LoRA numbers (75 MB in float32). This callback keeps those numbers only, as flow_grpo's
 ``EMAModuleWrapper`` does, and is not a ``WeightAveraging`` subclass because that class builds the full copy in
-``setup``. After each training batch that passes a multiple of ``every_n_steps`` optimizer steps::
+``setup``. After each training batch that passes a multiple of ``every_n_steps`` optimizer steps:
 
     shadow <- shadow + (1 - d) (theta - shadow),   d = min(decay, (1 + n) / (10 + n)) with warm-up, else decay
 

@@ -42,6 +42,8 @@ class RunProgressBar(TQDMProgressBar):
             bar.n = trainer.global_step
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
             bar.refresh()
+            if run_total(trainer.max_steps) and trainer.global_step >= trainer.max_steps:
+                bar.close()  # its line ends here: Lightning's "`Trainer.fit` stopped" then starts on a line of its own
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         pass

@@ -39,7 +39,8 @@ class RunSummary(Callback):
         datamodule = trainer.datamodule
         if not self.evaluate or datamodule is None or not getattr(datamodule, "val_prompts", None):
             return None
-        return pl_module.evaluate(datamodule.val_dataloader())
+        when = "after" if self.before is not None else "before"
+        return pl_module.evaluate(datamodule.val_dataloader(), progress=f"validation {when}")
 
     @staticmethod
     def _step(trainer) -> int:
@@ -76,8 +77,9 @@ class RunSummary(Callback):
         if ckpt is not None and (ckpt.last_model_path or ckpt.best_model_path):
             lines.append(f"  checkpoint:  {ckpt.last_model_path or ckpt.best_model_path}")
         if self.train_rewards:
-            lines.append(f"  train reward/total (as logged): first step {self.train_rewards[0]:.4f} -> "
-                         f"last step {self.train_rewards[-1]:.4f} over {len(self.train_rewards)} steps")
+            lines.append(f"  train reward/total (as logged): first batch {self.train_rewards[0]:.4f} -> "
+                         f"last batch {self.train_rewards[-1]:.4f} over {len(self.train_rewards)} batches "
+                         f"({trainer.global_step} optimizer steps)")
         if self.before and self.after:
             for name in self.after:
                 if not name.endswith("_nonfinite"):

@@ -8,7 +8,7 @@ alone, ``mp4`` with ``flowrl[video]``; None: none).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 from lightning.pytorch import Callback
@@ -19,20 +19,54 @@ from flowrl.callbacks.video_samples import animation_problem, as_stills, to_uint
 from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec, frames_problem
 
 
+def fitted_lines(text: str, width: float, measure: Callable[[str], float], max_lines: int = 4) -> list[str]:
+    r"""``text`` (``\n``-separated parts) wrapped at spaces into lines ``measure`` finds at most ``width`` wide; a word
+    wider than a line is broken, and text past ``max_lines`` ends the last line in an ellipsis.
+
+    >>> fitted_lines("green 1 and yellow 4\nalignment 0.93", 11, len), fitted_lines("abcdefgh", 3, len, max_lines=2)
+    (['green 1 and', 'yellow 4', 'alignment', '0.93'], ['abc', '...'])
+    """
+    lines: list[str] = []
+    for part in text.split("\n"):
+        line = ""
+        for word in part.split(" "):
+            candidate = f"{line} {word}" if line else word
+            if measure(candidate) <= width or not line:
+                line = candidate
+            else:
+                lines.append(line)
+                line = word
+            while measure(line) > width and len(line) > 1:  # one word wider than the cell: break it
+                cut = max([i for i in range(1, len(line)) if measure(line[:i]) <= width], default=1)
+                lines.append(line[:cut])
+                line = line[cut:]
+        lines.append(line)
+    if len(lines) > max_lines:
+        last = lines[max_lines - 1]
+        while last and measure(last + "...") > width:
+            last = last[:-1]
+        lines = [*lines[:max_lines - 1], last + "..."]
+    return lines
+
+
 def grid_image(images: Tensor, captions: list[str], columns: int = 4, cell: int = 96) -> Image.Image:
     """Images ``[N, 3, H, W]`` in ``[0, 1]`` as one PIL grid, each upscaled (nearest) to ``cell`` px high (and
-    ``cell * W / H`` wide: square images fill square cells, frame strips wide ones) with its caption underneath."""
+    ``cell * W / H`` wide: square images fill square cells, frame strips wide ones) with its caption underneath,
+    wrapped to the cell's width (every caption whole, up to 4 lines)."""
     rows = -(-len(captions) // columns)
-    text_h = 26
     width = max(1, round(cell * images.shape[-1] / images.shape[-2]))
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength
+    wrapped = [fitted_lines(caption, width - 4, measure) for caption in captions]
+    line_h = 12
+    text_h = line_h * max((len(lines) for lines in wrapped), default=1) + 2
     canvas = Image.new("RGB", (columns * width, rows * (cell + text_h)), "white")
     draw = ImageDraw.Draw(canvas)
     pixels = to_uint8(images)
-    for i, (array, caption) in enumerate(zip(pixels, captions)):
+    for i, (array, lines) in enumerate(zip(pixels, wrapped)):
         x, y = (i % columns) * width, (i // columns) * (cell + text_h)
         canvas.paste(Image.fromarray(np.ascontiguousarray(array)).resize((width, cell), Image.NEAREST), (x, y))
-        for line, text in enumerate(caption.split("\n")[:2]):
-            draw.text((x + 2, y + cell + 1 + 12 * line), text[:18 * width // cell], fill="black")
+        for k, text in enumerate(lines):
+            draw.text((x + 2, y + cell + 1 + line_h * k), text, fill="black")
     return canvas
 
 

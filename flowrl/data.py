@@ -234,7 +234,8 @@ class PromptDataModule(LightningDataModule):
         group_size: samples per prompt (``G``). num_groups: prompts per global batch.
         spread_groups: shuffle a group's samples over ranks (Flow-GRPO) or keep each group on one rank.
         val_batch_size: evaluation samples per batch. val_samples_per_prompt: samples (fixed seeds) per evaluation
-            prompt, as GenEval's 4 per prompt; more of them make the mean less noisy.
+            prompt, as GenEval's 4 per prompt; more of them make the mean less noisy. val_limit: validate on the
+            first this many validation prompts only (a quick check; None: all of them).
         seed: seeds the prompt order and every sample's noise.
         predict_prompts: prompts for ``python -m flowrl predict`` (a list, ``.txt`` or ``.jsonl``; None: the
             validation prompts). predict_seeds: the seeds each of them is drawn with (None: 0, 1, 2, 3).
@@ -242,16 +243,17 @@ class PromptDataModule(LightningDataModule):
 
     def __init__(self, prompts: Union[str, list[str]], val_prompts: Optional[Union[str, list[str]]] = None,
                  group_size: int = 8, num_groups: int = 4, spread_groups: bool = True, val_batch_size: int = 16,
-                 val_samples_per_prompt: int = 1, seed: int = 0,
+                 val_samples_per_prompt: int = 1, val_limit: Optional[int] = None, seed: int = 0,
                  predict_prompts: Optional[Union[str, list[str]]] = None, predict_seeds: Optional[list[int]] = None):
         super().__init__()
         self.predict_source, self.predict_seeds = predict_prompts, list(predict_seeds or [0, 1, 2, 3])
         self.prompt_source, self.val_source = prompts, val_prompts
         self.group_size, self.num_groups, self.spread_groups = group_size, num_groups, spread_groups
         self.val_batch_size, self.val_samples_per_prompt, self.seed = val_batch_size, val_samples_per_prompt, seed
+        self.val_limit = val_limit
         problems = GroupLayout(1, num_groups, group_size, 1, spread_groups, seed).problems(min_group_size=1)
-        if val_samples_per_prompt < 1:
-            problems.append(f"data.val_samples_per_prompt={val_samples_per_prompt}: need at least 1")
+        problems += [f"data.{key}={value}: need at least 1" for key, value in (
+            ("val_samples_per_prompt", val_samples_per_prompt), ("val_limit", val_limit)) if value is not None and value < 1]
         if problems:
             raise ValueError("invalid data settings:\n  " + "\n  ".join(problems))
 
@@ -265,7 +267,7 @@ class PromptDataModule(LightningDataModule):
             self.predict_images = source_images(source, "data.predict_prompts", self.trainer)
             return
         self.prompts = load_prompts(self.prompt_source)
-        self.val_prompts = load_prompts(self.val_source) if self.val_source is not None else []
+        self.val_prompts = load_prompts(self.val_source)[:self.val_limit] if self.val_source is not None else []
         self.train_images = source_images(self.prompt_source, "data.prompts", self.trainer)  # None: prompts only
         self.val_images = source_images(self.val_source, "data.val_prompts", self.trainer)
         world = self.trainer.world_size if self.trainer else 1

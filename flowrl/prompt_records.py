@@ -1,6 +1,6 @@
 """Prompt records: a prompt and the images it is conditioned on (a video's first frame, an edit's source images).
 
-A ``.jsonl`` prompt file may give each record its images, paths relative to the file's folder (or absolute)::
+A ``.jsonl`` prompt file may give each record its images, paths relative to the file's folder (or absolute):
 
     {"prompt": "the cat turns its head", "images": ["frames/cat.png"]}
 

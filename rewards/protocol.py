@@ -1,12 +1,12 @@
 """The reward server's wire format: images and scores as JSON, shared by ``serve`` and ``RemoteReward``.
 
-Request (``POST /score``)::
+Request (``POST /score``):
 
     {"images": {"encoding": "png", "data": [<base64 PNG>, ...]}          # 8-bit RGB, one PNG per image
             or {"encoding": "array", "shape": [B, 3, H, W], "data": <base64 of float32 little-endian bytes>},
      "prompts": [B strings], "metadata": {"seeds": [B ints], ...}, "rewards": ["name", ...] (optional: all)}
 
-Response::
+Response:
 
     {"scores": {"name": [B floats or null]}, "batch_requests": k, "batch_images": n}
 

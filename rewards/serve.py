@@ -1,7 +1,7 @@
 """The reward server: any reward callbacks behind HTTP, with batching of concurrent requests.
 
 ``python -m flowrl.rewards.serve --config reward.yaml --host 127.0.0.1 --port 8000``, where ``reward.yaml`` lists
-reward callbacks as in a training config::
+reward callbacks as in a training config:
 
     rewards:
       - class_path: flowrl.rewards.JpegIncompressibility

@@ -2,7 +2,7 @@
 ``docs/data/evaluate/`` and its chart and grid in ``docs/`` (the numbers of ``docs/evaluating.md``):
 
     python scripts/evaluate_quickstart.py                      # trains the quickstart first (10-20 min on a CPU)
-    python scripts/evaluate_quickstart.py --ckpt runs/quickstart/version_0/checkpoints/last.ckpt
+    python scripts/evaluate_quickstart.py --ckpt runs/quickstart/latest/checkpoints/last.ckpt
 
 Rerun it when the quickstart changes. The evaluation itself is one command, printed before it runs.
 """

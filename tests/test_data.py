@@ -86,3 +86,14 @@ def test_loader_resumes_after_the_consumed_batches():
     fresh.load_state_dict(state)
     assert torch.equal(next(iter(fresh))["seeds"], batches[2]["seeds"])
     assert fresh.state_dict() == {"epoch": 3, "consumed": 3}  # without a trainer: the batches handed out
+
+
+def test_val_limit_keeps_the_first_validation_prompts(tmp_path):
+    source = tmp_path / "val.txt"
+    source.write_text("".join(f"p{i}\n" for i in range(10)))
+    data = PromptDataModule(prompts=["a"], val_prompts=str(source), val_limit=3, val_samples_per_prompt=2)
+    data.setup("fit")
+    assert data.val_prompts == ["p0", "p1", "p2"]
+    assert sorted(p for b in data.val_dataloader() for p in b["prompts"]) == ["p0", "p0", "p1", "p1", "p2", "p2"]
+    with pytest.raises(ValueError, match="val_limit=0: need at least 1"):
+        PromptDataModule(prompts=["a"], val_limit=0)

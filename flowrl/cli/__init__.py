@@ -14,7 +14,6 @@ start, :class:`flowrl.callbacks.RunProgressBar`, and :mod:`flowrl.cli.warning_fi
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import warnings
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jsonargparse import set_parsing_settings
-from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import BasePredictionWriter, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -33,7 +32,7 @@ from flowrl.callbacks.progress import RunProgressBar
 from flowrl.callbacks.run_header import RunHeader
 from flowrl.cli.arguments import null_overrides_as_configs
 from flowrl.cli.config_checks import checkpoint_problems, config_problems, predict_problems
-from flowrl.cli.log_versions import launched_as_rank_zero, share_log_versions
+from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, release_unused, share_log_versions
 from flowrl.cli.method_switch import method_switch
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
@@ -82,10 +81,6 @@ class FlowRLCLI(LightningCLI):
         if self.subcommand == "fit" and not any(isinstance(c, RunHeader) for c in callbacks):
             callbacks.append(RunHeader())
         if self.subcommand == "predict":
-            ckpt = self.config_init.get(self.subcommand, self.config_init).get("ckpt_path")
-            for c in callbacks:  # saves nothing in predict; pointed at the run's folder, its restored state agrees
-                if isinstance(c, ModelCheckpoint) and c.dirpath is None and ckpt and Path(ckpt).is_file():
-                    c.dirpath = os.path.realpath(Path(ckpt).expanduser().parent)
             if not any(isinstance(c, BasePredictionWriter) for c in callbacks):
                 callbacks.append(ImageWriter())
             # predict logs no metric, and Lightning's loggers would still write hyperparameters into the run's
@@ -101,6 +96,9 @@ class FlowRLCLI(LightningCLI):
             for logger in self.trainer.loggers:
                 if isinstance(logger, CSVLogger):
                     logger.experiment  # noqa: B018
+            folders = {Path(logger.log_dir) for logger in self.trainer.loggers if getattr(logger, "log_dir", None)}
+            for folder in folders:  # runs/<name>/latest: the newest run, whatever its version number
+                link_latest(folder)
 
 
 def main(args: Optional[list[str]] = None) -> None:
@@ -114,7 +112,8 @@ def main(args: Optional[list[str]] = None) -> None:
         from flowrl.evaluation.command import main as evaluate
 
         return evaluate(args[1:])
-    if args[:1] == ["predict"]:  # LightningCLI's predict, reached through short options
+    predicting = args[:1] == ["predict"]
+    if predicting:  # LightningCLI's predict, reached through short options
         from flowrl.cli.predict import predict_arguments
 
         args = predict_arguments(args[1:])
@@ -123,8 +122,14 @@ def main(args: Optional[list[str]] = None) -> None:
     if from_argv:  # LightningCLI reads sys.argv itself, and warns when given args beside a command line
         sys.argv[1:], args = args, None
     try:
-        FlowRLCLI(BaseModule, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
-                  parser_kwargs={"parser_mode": "omegaconf+"}, save_config_kwargs={"overwrite": True},
-                  args=args)
+        with warnings.catch_warnings():
+            if predicting:  # ModelCheckpoint saves nothing in predict: the state it restores (kept only when its
+                # folder's name is the same: not for runs/<name>/latest, a relative path or a moved run) is never read
+                warnings.filterwarnings("ignore", message="The dirpath has changed from")
+            FlowRLCLI(BaseModule, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
+                      parser_kwargs={"parser_mode": "omegaconf+", "prog": "python -m flowrl"},
+                      save_config_kwargs={"overwrite": True}, args=args)
     except SIGTERMException as stop:  # Lightning stops (and checkpoints, if configured) and exits 0: a scheduler
         raise SystemExit(128 + signal.SIGTERM) from stop  # would read success; the shell's code for SIGTERM instead
+    finally:
+        release_unused()  # a run stopped before it wrote anything leaves no empty version_N behind

@@ -53,9 +53,43 @@ def reserve_version(root: Path) -> int:
     while True:
         try:
             (root / f"version_{version}").mkdir()
+            RESERVED.append(root / f"version_{version}")
             return version
         except FileExistsError:
             version += 1
+
+
+#: the version folders this process reserved (a run that stops before writing into one gives it back)
+RESERVED: list[Path] = []
+
+
+def release_unused() -> list[Path]:
+    """Remove the version folders this process reserved and never wrote into (a run stopped by a configuration error
+    before it started), so the next run takes their number. Returns the removed folders.
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp()); used = reserve_version(root); unused = reserve_version(root)
+    >>> (root / f"version_{used}" / "metrics.csv").touch(); [p.name for p in release_unused()], existing_versions(root)
+    (['version_1'], [0])
+    """
+    removed = []
+    while RESERVED:
+        folder = RESERVED.pop()
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+            removed.append(folder)
+    return removed
+
+
+def link_latest(log_dir: Path) -> None:
+    """Point ``<save_dir>/<name>/latest`` at this run's ``version_N``, so that ``runs/<name>/latest/checkpoints/
+    last.ckpt`` always names the newest run's checkpoint (replaced atomically; skipped where links cannot be made)."""
+    link, temporary = log_dir.parent / "latest", log_dir.parent / f".latest-{os.getpid()}"
+    try:
+        temporary.symlink_to(log_dir.name, target_is_directory=True)
+        os.replace(temporary, link)
+    except OSError:  # a filesystem without symbolic links: the version folders still work
+        temporary.unlink(missing_ok=True)
 
 
 def _init_args(logger: Any) -> Optional[Any]:

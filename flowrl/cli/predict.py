@@ -3,7 +3,7 @@
 The short options are written out as LightningCLI ``predict`` arguments, so everything else about the run
 (the method, the policy, the reward callbacks that score the images, devices and precision) comes from the run's
 config and every LightningCLI option still applies (``--trainer.accelerator=cuda``,
-``--trainer.precision=bf16-mixed``, ``--print_config``)::
+``--trainer.precision=bf16-mixed``, ``--print_config``):
 
     python -m flowrl predict --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt \\
         --prompts "red 3 and blue 7" "green 1 and yellow 4" --seeds 0 1 2 3

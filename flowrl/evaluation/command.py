@@ -1,5 +1,5 @@
 """``python -m flowrl evaluate``: the base model against tuned checkpoints on a prompt suite, paired by (prompt,
-seed), with every metric, the reward-hacking signals and a report folder::
+seed), with every metric, the reward-hacking signals and a report folder:
 
     python -m flowrl evaluate --ckpt_path tuned=runs/quickstart/version_0/checkpoints/last.ckpt --suite digits_val
 

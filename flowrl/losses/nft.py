@@ -2,12 +2,12 @@
 computes it (NVlabs/DiffusionNFT ``scripts/train_nft_sd3.py``, ``main``'s training loop, and ``return_decay``).
 
 From the sampling ("old") velocity ``v_old`` and the trained one ``v`` at a noised clean sample
-``x_t = (1 - t) x0 + t eps``, strength ``beta`` defines an implicit positive and an implicit negative policy::
+``x_t = (1 - t) x0 + t eps``, strength ``beta`` defines an implicit positive and an implicit negative policy:
 
     v+ = beta v + (1 - beta) v_old        v- = (1 + beta) v_old - beta v
 
 Each is regressed onto the clean sample in x0 space (``x0± = x_t - t v±``), divided by its detached mean absolute
-error; the reward enters as an optimality probability ``r = clamp(clip(A, c) / c / 2 + 1/2, 0, 1)``::
+error; the reward enters as an optimality probability ``r = clamp(clip(A, c) / c / 2 + 1/2, 0, 1)``:
 
     loss = c (r L+ + (1 - r) L-) / beta,     L± = mean((x0± - x0)^2) / mean|x0± - x0|
 

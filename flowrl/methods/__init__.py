@@ -18,7 +18,7 @@ The layers, from the bottom:
   :class:`TreeRPO` and :class:`BranchGRPO` on :class:`TreeMethod` (one tree per batch row, rows are leaves, every
   edge trained once); :class:`TDMR1` and :class:`DiffusionNFT`, which override only ``update`` (named adapters).
 
-Data flow of one training step (``BaseModule.training_step``)::
+Data flow of one training step (``BaseModule.training_step``):
 
     batch --encode--> cond --rollout (sample_from / sample_trees, per-row cond_rows)--> Rollout (this rank's rows)
       --reward set (submit per sampling chunk)--> rewards {name: [B]}

@@ -1,6 +1,6 @@
 """The base of every method: the one training loop, its hooks, and the options every method has.
 
-One training step, for every method (:meth:`BaseModule.training_step`)::
+One training step, for every method (:meth:`BaseModule.training_step`):
 
     batch --encode--> cond --rollout (sampled and scored sample_chunk_size rows at a time)--> Rollout (this rank's)
       --gather--> Batch (every rank's per-row fields) --aggregate--> total, valid

@@ -9,6 +9,7 @@ trainer. Every sample it draws starts from :func:`~flowrl.sampling.sampler.seede
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Optional
 
@@ -16,6 +17,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
+from tqdm import tqdm
 
 from flowrl.policies.base import Conditioning
 from flowrl.rewards.aggregate import tally_means
@@ -95,13 +97,15 @@ class Generation(LightningModule):
             self.log(f"val/reward/{name}", value, batch_size=1)
 
     @torch.no_grad()
-    def evaluate(self, batches: list[dict]) -> dict[str, float]:
+    def evaluate(self, batches: list[dict], progress: Optional[str] = None) -> dict[str, float]:
         """Mean reward per name (and ``total``) over evaluation batches of ``prompts`` and ``seeds`` on every rank
         (call it on every rank), with ``<name>_nonfinite`` counts where scores were NaN or inf (left out of the means).
-        """
+        ``progress``: a bar with this label on rank zero (validation can take minutes on a CPU)."""
         was_training = self.policy.training
         self.policy.eval()
-        tallies = [self._tally(batch) for batch in batches]
+        shown = progress is not None and self.trainer.is_global_zero
+        bar = tqdm(batches, desc=progress, disable=not shown, leave=False, file=sys.stdout, dynamic_ncols=True)
+        tallies = [self._tally(batch) for batch in bar]
         self.policy.train(was_training)
         return self._reduced_means(tallies)
 

@@ -43,7 +43,7 @@ def test_runs_get_their_own_versions_and_keep_each_others_metrics(tiny_model_dir
     assert (first / "metrics.csv").read_text() == before  # the later run deleted nothing
     assert list(second.glob("events.out.tfevents.*")) and (second / "metrics.csv").is_file()
     assert len([r for r in rows(second / "metrics.csv") if r["train/reward/total"]]) == 4
-    assert sorted(p.name for p in (tmp_path / "tiny_flow_grpo").iterdir()) == ["version_0", "version_1"]
+    assert sorted(p.name for p in (tmp_path / "tiny_flow_grpo").iterdir()) == ["latest", "version_0", "version_1"]
 
 
 def test_a_resumed_run_gets_a_new_version_that_plot_rewards_joins(tiny_model_dir, tmp_path):
@@ -93,3 +93,29 @@ def test_progress_bar_counts_optimizer_steps_of_the_run(tiny_model_dir, tmp_path
     bar = out.out + out.err
     assert "steps: 100%" in bar and "4/4" in bar and "reward/total=" in bar
     assert "Epoch" not in bar and "v_num" not in bar and "/-2" not in bar
+
+
+def test_latest_names_the_newest_run_and_predict_reads_through_it(tiny_model_dir, tmp_path, recwarn):
+    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=2"))
+    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=2"))
+    latest = tmp_path / "tiny_flow_grpo" / "latest"
+    assert latest.is_symlink() and latest.resolve() == (tmp_path / "tiny_flow_grpo" / "version_1").resolve()
+    out = tmp_path / "predicted"
+    main(["predict", "--ckpt_path", str(latest / "checkpoints" / "last.ckpt"), "--prompts", "red 3 and blue 7",
+          "--seeds", "0", "--num_steps", "2", "--out", str(out), "--trainer.enable_progress_bar=false"])
+    assert (out / "grid.png").is_file()
+    assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]  # nothing the user can act on
+
+
+def test_a_run_that_fails_after_reserving_its_version_gives_it_back(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="val_limit=0"):  # raised by the data module, after the version is reserved
+        main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=2", "--data.val_limit=0"))
+    assert not (tmp_path / "tiny_flow_grpo").exists() or not list((tmp_path / "tiny_flow_grpo").iterdir())
+    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=2"))
+    assert (tmp_path / "tiny_flow_grpo" / "version_0" / "metrics.csv").is_file()
+
+
+def test_help_names_the_command_a_user_types(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m flowrl [options] fit")

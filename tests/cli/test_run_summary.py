@@ -15,7 +15,9 @@ def test_before_and_after_are_printed_and_logged(tiny_model_dir, tmp_path, capsy
           "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
           "--data.val_prompts=[red 1 and green 9, blue 0 and blue 3]", "--model.init_args.num_minibatches=2",
           "--trainer.max_steps=4"])
-    printed = dict(re.findall(r"val (\w+): ([\d.]+ -> [\d.]+)", capsys.readouterr().out))
+    console = capsys.readouterr().out
+    printed = dict(re.findall(r"val (\w+): ([\d.]+ -> [\d.]+)", console))
+    assert re.search(r"first batch [\d.]+ -> last batch [\d.]+ over 2 batches \(4 optimizer steps\)", console)
     assert set(printed) == {"jpeg_incompressibility", "digit_alignment", "total"}
 
     rows = list(csv.DictReader(open(next(tmp_path.glob("lightning_logs/*/metrics.csv")))))

@@ -27,6 +27,9 @@ def test_site_builds_strict(tmp_path):
         assert (tmp_path / "site" / page).is_file(), page
     api = (tmp_path / "site/api/methods/index.html").read_text()
     assert 'id="flowrl.methods.BaseModule.credit"' in api  # docstrings rendered, not just headings
+    pages = {p: p.read_text() for p in (tmp_path / "site").rglob("*.html")}
+    # reST's "text::" before a code block is Markdown's plain colon: mkdocstrings would print the second colon
+    assert [p.name for p, html in pages.items() if "::</p>" in html] == []
 
 
 def test_healthy_run_table_is_the_scripts_output():
@@ -39,8 +42,10 @@ def test_healthy_run_table_is_the_scripts_output():
 
 def test_readme_keeps_the_ci_commands_and_links_to_existing_pages():
     ci = (ROOT / ".ci/run").read_text()
-    for command in ('pip install "torch==2.13.0" -e ".[dev]"', "python -m pytest"):
+    cpu = ['pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu', 'pip install -e ".[dev]"']
+    for command in (*cpu, "python -m pytest"):  # CI installs exactly as the README's CPU lines say
         assert command in README and command in ci
+    assert 'pip install "torch==2.13.0" -e ".[dev]"' in README  # and the GPU line stays labelled beside them
     assert "python -m flowrl fit --config configs/quickstart.yaml" in README
     nav = (ROOT / "mkdocs.yml").read_text()
     pages = re.findall(r"\]\((docs/[^)#]+\.md)", README)
@@ -49,3 +54,17 @@ def test_readme_keeps_the_ci_commands_and_links_to_existing_pages():
         assert (ROOT / page).is_file(), page
         assert page.removeprefix("docs/") in nav, page
     assert len(README.splitlines()) <= 210
+
+
+def test_method_pages_equations_fit_the_page():
+    """The equation blocks of the method pages fit a wide screen's content column (110 monospace columns with
+    ``docs/stylesheets/extra.css``) without horizontal scrolling."""
+    long = []
+    for page in sorted((ROOT / "docs/methods").glob("*.md")):
+        inside = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if line.startswith("```"):
+                inside = not inside
+            elif inside and len(line) > 110:
+                long.append(f"{page.name}:{number} ({len(line)} columns)")
+    assert long == []

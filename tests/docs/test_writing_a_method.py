@@ -35,7 +35,7 @@ def mymethods(tmp_path, monkeypatch):
 
 def page_command() -> list[str]:
     (command,) = re.findall(r"```bash\n(python -m flowrl fit .*?)\n```", PAGE, re.S)
-    return shlex.split(command)[3:]  # after "python -m flowrl"
+    return shlex.split(command.replace("\\\n", " "))[3:]  # after "python -m flowrl"; a shell joins "\\" lines
 
 
 def test_the_pages_method_fits_with_the_pages_command(mymethods, tiny_model_dir, tmp_path):
