@@ -12,13 +12,13 @@ A run given as several comma-separated files (seeds of one config) draws the mea
 with a band from their min to their max, and the mean of their validation points with min-max error bars.
 ``--x evaluations`` puts the cumulative model evaluations of the whole run on the x axis (``rollout/evaluations``:
 what methods with different batch shapes are compared at). ``--x nfe`` puts the cumulative model evaluations per
-trajectory on the x axis (``rollout/nfe`` summed over steps;
-proportional to total compute when the runs share a batch size). ``--x minutes`` puts wall-clock minutes on the x
-axis, from the TensorBoard events file the run wrote beside its ``metrics.csv`` (flowrl's configs log to both):
-minutes since the run's first logged value; the seeds of one run are drawn at their mean minute per step. Runs
-compared this way must have had the same machine to themselves. ``--table`` prints a Markdown table per run:
-training reward over the first and last eighth of the steps, validation before and after, NFE, as mean +- std over
-the files.
+trajectory on the x axis (``rollout/nfe`` summed over steps; proportional to total compute when the runs share a batch
+size). ``--x minutes`` puts wall-clock minutes on the x axis, from the TensorBoard events file the run wrote beside
+its ``metrics.csv`` (flowrl's configs log to both): minutes since the run's first logged value; the seeds of one run
+are drawn at their mean minute per step. Runs compared this way must have had the same machine to themselves.
+``--table`` prints a Markdown table per run: training reward over the first and last eighth of the steps, validation
+before and after, NFE, as mean +- std over the files. ``--results`` prints every table of docs/results.md from
+docs/data/ (``scripts/results_tables.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import argparse
 import csv
 import re
 import statistics
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -145,6 +146,20 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} +- {statistics.stdev(values):.3f}"
 
 
+HALF_RULE = ("the held-out reward at the last validation at or before half of the run's own model evaluations "
+             "(`rollout/evaluations` summed over the run), minus the same seed's held-out reward before training; a "
+             "validation even one batch past half does not count")
+
+
+def by_half(points: list[tuple[float, float]], total: float) -> tuple[float, float] | None:
+    """The ``(evaluations, reward)`` that :data:`HALF_RULE`, the one definition (docs/results.md, ``--help``), reads.
+
+    >>> by_half([(0, 0.4), (8064, 0.5), (16128, 0.6), (32004, 0.7)], 32004)
+    (8064, 0.5)
+    """
+    return ([p for p in points if p[0] <= total / 2] or [None])[-1]
+
+
 def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[float]]:
     """Per file: training reward over the first and last eighth of its steps, validation first and last, NFE, and
     the validation gain by half the run's model evaluations (the last validation at or before that point)."""
@@ -163,8 +178,8 @@ def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[floa
         out["nfe"].append(sum(row.get("rollout/nfe", 0.0) for row in rows))
         out["evaluations"].append(sum(row.get("rollout/evaluations", 0.0) for row in rows))
         vx, _ = series(rows, f"val/{key}", "evaluations")
-        half = [y for x, y in zip(vx, vy) if x <= out["evaluations"][-1] / 2]
-        out["val_half_gain"].append(half[-1] - vy[0] if half else float("nan"))
+        half = by_half(list(zip(vx, vy)), out["evaluations"][-1])
+        out["val_half_gain"].append(half[1] - vy[0] if half else float("nan"))
         out["minutes"].append(max((row["minutes"] for row in rows if "minutes" in row), default=float("nan")))
     return out
 
@@ -231,8 +246,7 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
     # rollout/nfe is per trajectory: with equal batch sizes its running sum is proportional to the total compute
     xlabel = {"nfe": "model evaluations per trajectory, cumulative (NFE)",
               "evaluations": "model evaluations, cumulative (the whole batch's)",
-              "minutes": "wall-clock minutes (mean over the seeds)"}.get(x, "training step (one sampled "
-                                                                                      "batch)")
+              "minutes": "wall-clock minutes (mean over the seeds)"}.get(x, "training step (one sampled batch)")
     for axes, what in ((ax, f"training {key} (moving mean)"),
                        (vax, f"held-out validation {key}: gain over the base model")) if split else (
             (ax, key),):
@@ -252,15 +266,22 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="metrics.csv paths, optionally as label=path or label=path,path,...")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=f"Gain by half (--table, --results): {HALF_RULE}.")
+    parser.add_argument("runs", nargs="*", help="metrics.csv paths, optionally as label=path or label=path,path,...")
     parser.add_argument("--out", type=Path, default=Path("reward_curve.png"))
     parser.add_argument("--key", default="reward/total", help="metric after the train/ and val/ prefixes")
     parser.add_argument("--x", choices=["step", "nfe", "evaluations", "minutes"], default="step")
     parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--table", action="store_true", help="also print a Markdown summary table")
     parser.add_argument("--split", action="store_true", help="training and validation in two panels, legend below")
+    parser.add_argument("--results", action="store_true", help="print docs/results.md's tables from docs/data/")
+    parser.add_argument("--write", action="store_true", help="with --results: paste them into docs/results.md")
     args = parser.parse_args(argv)
+    if args.results:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_tables sits beside this script
+        return __import__("results_tables").main(write=args.write)
+    if not args.runs:
+        parser.error("give the runs' metrics.csv files (or --results)")
     runs = {}
     for spec in args.runs:
         label, _, paths = spec.rpartition("=")
