@@ -5,10 +5,10 @@
 
 On the page a block lies between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``. :func:`problems` holds
 the page to them (tests/docs/test_results_tables.py): each block as printed here, and every figure its prose quotes
-(a number with three decimals, a percentage, a count with a thousands comma, a count of batches) one of their
-numbers, outside passages between ``<!-- unkept -->`` and ``<!-- /unkept -->`` (runs whose metrics were not kept).
-What the kept metrics cannot give (wall minutes from TensorBoard events that were not kept, base validations printed
-but never logged) comes from ``docs/data/recorded.csv``, each value with its source.
+(see ``FIGURE``) one of the numbers of the blocks in its section, outside passages between ``<!-- unkept -->`` and
+``<!-- /unkept -->`` (runs whose metrics were not kept). What the kept metrics cannot give (wall minutes from
+TensorBoard events that were not kept, base validations printed but never logged) comes from
+``docs/data/recorded.csv``, each value with its source.
 """
 
 from __future__ import annotations
@@ -193,8 +193,8 @@ def blocks() -> dict[str, str]:
         "quickstart": quickstart(),
         "sweep": sweep(),
         "dense-methods": dense_methods(),
-        "dense-per-step": dense_per_step(),
         "dense-seeds": dense_seeds(),
+        "dense-per-step": dense_per_step(),
         "by-half": f"**Gain by half**, in every table on this page: {pr.HALF_RULE}.",
         "methods-papers": method_table("method (mean +- std over 3 seeds)", [
             mc("Flow-GRPO", "flow_grpo"), mc("DenseGRPO", "dense_grpo"), mc("TP-GRPO", "tp_grpo"),
@@ -221,14 +221,18 @@ def blocks() -> dict[str, str]:
             compete=4),
         "four-step-seeds": seed_table([("held-out before", "flow_grpo_4step", "before")] + [
             ("Flow-GRPO 4-step" if i == 1 else "", "flow_grpo_4step", i) for i in range(1, 5)] + [
-            ("", "flow_grpo_4step", "end"), ("the 128,000-evaluation run", "flow_grpo_4step_128k", "end"),
+            ("", "flow_grpo_4step", "end"), ("its longer run", "flow_grpo_4step_128k", "end"),
             ("TDM-R1", "tdm_r1", "end")], (0, 1, 2)),
     }
 
 
 BLOCK = re.compile(r"<!-- results:(\S+) -->\n\n(.*?)\n\n<!-- /results:\1 -->", re.S)
 UNKEPT = re.compile(r"<!-- unkept -->.*?<!-- /unkept -->", re.S)
-FIGURE = re.compile(r"[+-]?\d+\.\d{3}(?!\d)|\d+(?:\.\d+)? ?%|\d{1,3}(?:,\d{3})+(?!\d)|\d+(?= batches)")
+PAIR = r"[+-]?\d+\.\d{3} \+- \d+\.\d{3}"  # a mean and its spread are quoted together or not at all
+# what prose may quote only from a table: a figure with 2 or 3 decimals, minutes, a percentage, a count with a
+# thousands comma, a count of batches (settings in inline code and one-decimal constants are not figures)
+FIGURE = re.compile(PAIR + r"|(?<![\d.])[+-]?\d+\.\d{2,3}(?![\d.])|\d+\.\d(?= min)|\d+(?:\.\d+)? ?%"
+                    r"|\d{1,3}(?:,\d{3})+(?!\d)|\d+(?= batches)")
 NUMBER = re.compile(r"[+-]?\d[\d,]*(?:\.\d+)?")
 
 
@@ -236,16 +240,25 @@ def wrap(name: str, text: str) -> str:
     return f"<!-- results:{name} -->\n\n{text}\n\n<!-- /results:{name} -->"
 
 
+def figures(text: str, *patterns: str | re.Pattern) -> set[str]:
+    """The numbers in ``text`` (each ``mean +- spread`` also as one), their ``+`` sign, ``%`` and spaces before it
+    dropped."""
+    return {m.lstrip("+").rstrip("%").rstrip() for p in patterns or (NUMBER, PAIR) for m in re.findall(p, text)}
+
+
 def problems(page: str, made: dict[str, str]) -> list[str]:
-    """What on ``page`` differs from the blocks ``made``, and the prose figures that are none of their numbers."""
+    """What on ``page`` differs from the blocks ``made``, and the figures its prose quotes that no block of their
+    section (the ``##`` heading they stand under; the whole page for the lines above the first) holds."""
     held = dict(BLOCK.findall(page))
     out = [f"block {n!r}: {'missing from the page' if n not in held else 'not what the script prints'}"
            for n in made if held.get(n) != made[n]]
     out += [f"block {n!r} on the page is not one the script prints" for n in held if n not in made]
-    numbers = {m.lstrip("+").rstrip("%").strip() for m in NUMBER.findall("\n".join(made.values()))}
-    prose = re.sub(r"```.*?```", "", UNKEPT.sub("", BLOCK.sub("", page)), flags=re.S)
-    out += [f"the prose quotes {f!r}, which no table holds" for f in FIGURE.findall(prose)
-            if f.lstrip("+").rstrip("%").strip() not in numbers]
+    sections = re.split(r"\n(?=## )", page)
+    for i, section in enumerate(sections):
+        numbers = figures("\n".join(made.get(n, "") for n, _ in BLOCK.findall(page if i == 0 else section)))
+        prose = re.sub(r"```.*?```|`[^`]*`", "", UNKEPT.sub("", BLOCK.sub("", section)), flags=re.S)
+        out += [f"the prose quotes {f!r} under {section.splitlines()[0]!r}, which none of its tables holds"
+                for f in sorted(figures(prose, FIGURE) - numbers)]
     return out
 
 

@@ -101,3 +101,17 @@ def test_seeds_with_different_steps_are_refused(plot_rewards, tmp_path):
     b.write_text(a.read_text().replace("0,10,1,0.7,", "0,20,1,0.7,"))  # a different NFE at step 1
     with pytest.raises(SystemExit, match="different steps or NFE"):
         plot_rewards.main([f"flow={a},{b}", "--x", "nfe", "--out", str(tmp_path / "x.png")])
+
+
+def test_by_half_counts_a_validation_at_half_and_none_past_it(plot_rewards):
+    points = [(0.0, 0.4), (50.0, 0.5), (50.5, 0.9)]
+    assert plot_rewards.by_half(points, 100.0) == (50.0, 0.5)  # at exactly half: by half
+    assert plot_rewards.by_half(points, 100.9) == (50.0, 0.5)  # 50.5 is past 50.45: not, however close
+    assert plot_rewards.by_half(points, 101.0) == (50.5, 0.9)
+    assert plot_rewards.by_half([(60.0, 0.5)], 100.0) is None
+
+
+def test_main_needs_runs_unless_it_prints_the_results_page(plot_rewards, capsys):
+    with pytest.raises(SystemExit):
+        plot_rewards.main([])
+    assert "give the runs' metrics.csv files (or --results)" in capsys.readouterr().err
