@@ -17,8 +17,7 @@ size). ``--x minutes`` puts wall-clock minutes on the x axis, from the TensorBoa
 its ``metrics.csv`` (flowrl's configs log to both): minutes since the run's first logged value; the seeds of one run
 are drawn at their mean minute per step. Runs compared this way must have had the same machine to themselves.
 ``--table`` prints a Markdown table per run: training reward over the first and last eighth of the steps, validation
-before and after, NFE, as mean +- std over the files. ``--results`` prints every table of docs/results.md from
-docs/data/ (``scripts/results_tables.py``).
+before and after, NFE, as mean +- std over the files. ``--results``: docs/results.md's tables (results_tables.py).
 """
 
 from __future__ import annotations
@@ -266,7 +265,8 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=f"Gain by half (--table, --results): {HALF_RULE}.")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog=f"Gain by half (--table, --results): {HALF_RULE}.")
     parser.add_argument("runs", nargs="*", help="metrics.csv paths, optionally as label=path or label=path,path,...")
     parser.add_argument("--out", type=Path, default=Path("reward_curve.png"))
     parser.add_argument("--key", default="reward/total", help="metric after the train/ and val/ prefixes")

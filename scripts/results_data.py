@@ -52,18 +52,22 @@ class Seed:
         return self.points[-1] if point == "end" else self.points[point]
 
 
-def load(path: Path, seed: int, before_key: str | None = None) -> Seed:
-    """A kept ``metrics.csv``; ``before_key``: the recorded base validation of a run that logged none."""
+def load(path: Path, seed: int) -> Seed:
+    """A kept ``metrics.csv``. A run that logged no validation before its first batch takes its base model's from
+    ``base_seed<k>.csv`` beside it (``python -m flowrl validate`` of the base under that seed)."""
     rows = pr.read_metrics(path)
     xs, ys = pr.series(rows, VAL, "evaluations")
     # the end's validation is logged twice (the last interval's and the final one): count it once
     points = [p for i, p in enumerate(zip(xs, ys)) if i == 0 or p != (xs[i - 1], ys[i - 1])]
     first_val = next(i for i, r in enumerate(rows) if VAL in r)
-    logged_before = first_val < next(i for i, r in enumerate(rows) if TRAIN in r)
-    if not logged_before and before_key is None:
-        raise SystemExit(f"{path} logged no validation before its first batch; give its recorded base")
-    return Seed(seed=seed, points=points, before=points[0][1] if logged_before else float(recorded("val_before",
-                before_key)), train=pr.series(rows, TRAIN)[1],
+    if first_val < next(i for i, r in enumerate(rows) if TRAIN in r):
+        before = points[0][1]
+    else:
+        base = Path(path).parent / f"base_seed{seed}.csv"
+        if not base.is_file():
+            raise SystemExit(f"{path} logged no validation before its first batch, and there is no {base}")
+        before = pr.series(pr.read_metrics(base), VAL)[1][0]
+    return Seed(seed=seed, points=points, before=before, train=pr.series(rows, TRAIN)[1],
                 batch_evals=[r["rollout/evaluations"] for r in rows if "rollout/evaluations" in r],
                 nfe=sum(r.get("rollout/nfe", 0.0) for r in rows),
                 per_transition=[r["rollout/nfe_per_trained_step"] for r in rows if "rollout/nfe_per_trained_step" in r])
@@ -75,7 +79,7 @@ Run = list[Seed]
 @functools.cache
 def run(folder: str, stem: str, seeds: tuple[int, ...] = (0, 1, 2)) -> Run:
     """The seeds ``docs/data/<folder>/<stem>_seed<k>.csv``."""
-    return [load(DATA / folder / f"{stem}_seed{s}.csv", s, f"{folder}/seed{s}") for s in seeds]
+    return [load(DATA / folder / f"{stem}_seed{s}.csv", s) for s in seeds]
 
 
 @functools.cache

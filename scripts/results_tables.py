@@ -6,9 +6,8 @@
 On the page a block lies between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``. :func:`problems` holds
 the page to them (tests/docs/test_results_tables.py): each block as printed here, and every figure its prose quotes
 (see ``FIGURE``) one of the numbers of the blocks in its section, outside passages between ``<!-- unkept -->`` and
-``<!-- /unkept -->`` (runs whose metrics were not kept). What the kept metrics cannot give (wall minutes from
-TensorBoard events that were not kept, base validations printed but never logged) comes from
-``docs/data/recorded.csv``, each value with its source.
+``<!-- /unkept -->`` (runs whose metrics were not kept). The wall minutes, which the kept metrics cannot give
+(they were read from TensorBoard events that were not kept), come from ``docs/data/recorded.csv``, with their source.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import re
 import statistics
 
 import plot_rewards as pr
-from results_data import CEILING, DATA, ROOT, Run, eighths, load, md, numeric, recorded, run, share, signed
+from results_data import CEILING, DATA, ROOT, Run, eighths, load, md, recorded, run, share, signed
 
 PAGE = ROOT / "docs" / "results.md"
 MC = "method_comparison"
@@ -163,7 +162,8 @@ def dense_methods() -> str:
         cells.append([label, f"{statistics.fmean(s.nfe for s in r):,.0f}", f"{len(r[0].train)}",
                       pr.mean_std(first), pr.mean_std(last), signed([b - a for a, b in zip(first, last)]),
                       pr.mean_std([s.before for s in r]), pr.mean_std([s.after for s in r]),
-                      signed([s.after - s.before for s in r]), f"{recorded('wall_minutes', f'dense_methods/{stem}')} min"])
+                      signed([s.after - s.before for s in r]),
+                      f"{recorded('wall_minutes', f'dense_methods/{stem}')} min"])
     return md(["method (mean +- std over 3 seeds)", "NFE per trajectory", "batches", "training reward, first eighth",
                "last eighth", "gain", "validation alignment before", "after", "gain", "wall time (shared H100)"],
               cells, bold=(4, 7))
