@@ -18,10 +18,11 @@ def plot_rewards():
 
 
 def write_metrics(path: Path) -> Path:
-    # CSVLogger writes one row per log call with empty cells for the other columns
+    # CSVLogger writes one row per log call with empty cells for the other columns; the validation before training
+    # comes first
     path.write_text("epoch,rollout/nfe,step,train/reward/total,val/reward/total\n"
-                    "0,10,0,0.5,\n"
                     "0,,0,,0.4\n"
+                    "0,10,0,0.5,\n"
                     "0,10,1,0.7,\n"
                     "0,30,2,0.9,\n"
                     "0,,2,,0.8\n")
@@ -115,3 +116,11 @@ def test_main_needs_runs_unless_it_prints_the_results_page(plot_rewards, capsys)
     with pytest.raises(SystemExit):
         plot_rewards.main([])
     assert "give the runs' metrics.csv files (or --results)" in capsys.readouterr().err
+
+
+def test_a_run_without_a_validation_before_training_has_no_base(plot_rewards, tmp_path):
+    # its first validation comes after two batches: not a base to pair the gain with (NaN, not 0.6)
+    a = tmp_path / "a.csv"
+    a.write_text("epoch,step,train/reward/total,val/reward/total\n0,0,0.5,\n0,1,0.6,\n0,1,,0.6\n0,2,0.7,\n0,2,,0.8\n")
+    row = plot_rewards.table({"run": [a, a]}).splitlines()[2]
+    assert row.endswith("| nan | 0.800 +- 0.000 | nan |")
