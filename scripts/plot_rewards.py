@@ -4,21 +4,18 @@
     python scripts/plot_rewards.py flow=a/metrics.csv dense=b/metrics.csv --x nfe --out compare.png
     python scripts/plot_rewards.py flow=s0.csv,s1.csv,s2.csv dense=d0.csv,d1.csv,d2.csv --x nfe --table
 
-A run resumed from a checkpoint logs into a new ``version_N`` folder; its curve starts with the history of the run
-it resumed from (found through the ``ckpt_path`` of its ``config.yaml``), so one file gives the whole run.
-
-Each run draws its per-step training reward (thin), a moving average (thick) and its validation points (markers).
-A run given as several comma-separated files (seeds of one config) draws the mean over them of the moving average
-with a band from their min to their max, and the mean of their validation points with min-max error bars.
-``--x evaluations`` puts the cumulative model evaluations of the whole run on the x axis (``rollout/evaluations``:
-what methods with different batch shapes are compared at). ``--x nfe`` puts the cumulative model evaluations per
-trajectory on the x axis (``rollout/nfe`` summed over steps;
-proportional to total compute when the runs share a batch size). ``--x minutes`` puts wall-clock minutes on the x
-axis, from the TensorBoard events file the run wrote beside its ``metrics.csv`` (flowrl's configs log to both):
-minutes since the run's first logged value; the seeds of one run are drawn at their mean minute per step. Runs
-compared this way must have had the same machine to themselves. ``--table`` prints a Markdown table per run:
-training reward over the first and last eighth of the steps, validation before and after, NFE, as mean +- std over
-the files.
+A run resumed from a checkpoint logs into a new ``version_N`` folder; its curve starts with the history of the run it
+resumed from (the ``ckpt_path`` of its ``config.yaml``). Each run draws its per-step training reward (thin), a moving
+average (thick) and its validation points (markers). A run given as several comma-separated files (seeds of one
+config) draws the mean over them of the moving average with a band from their min to their max, and the mean of their
+validation points with min-max error bars. ``--x evaluations`` puts the cumulative model evaluations of the whole run
+on the x axis (``rollout/evaluations``: what methods with different batch shapes are compared at). ``--x nfe`` puts
+the cumulative model evaluations per trajectory on the x axis (``rollout/nfe`` summed over steps; proportional to
+total compute when the runs share a batch size). ``--x minutes`` puts wall-clock minutes on the x axis, from the
+TensorBoard events file the run wrote beside its ``metrics.csv``: minutes since the run's first logged value; the
+seeds of one run are drawn at their mean minute per step. Runs compared this way must have had the same machine to
+themselves. ``--table`` prints a Markdown table per run: training reward over the first and last eighth of the steps,
+validation before training and after, NFE, as mean +- std over the files. ``--results``: docs/results.md's tables.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ import argparse
 import csv
 import re
 import statistics
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -140,14 +138,28 @@ def mean_std(values: list[float]) -> str:
     >>> mean_std([0.5, 0.7]), mean_std([0.25])
     ('0.600 +- 0.141', '0.250')
     """
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
+    if len(values) == 1 or any(v != v for v in values):  # one value, or a NaN (nothing logged): no spread
+        return f"{statistics.fmean(values):.3f}"
     return f"{statistics.fmean(values):.3f} +- {statistics.stdev(values):.3f}"
 
 
+HALF_RULE = ("the held-out reward at the last validation at or before half of the run's own model evaluations "
+             "(`rollout/evaluations` summed over the run), minus the same seed's held-out reward before training; a "
+             "validation even one batch past half does not count")
+
+
+def by_half(points: list[tuple[float, float]], total: float) -> tuple[float, float] | None:
+    """The ``(evaluations, reward)`` that :data:`HALF_RULE`, the one definition (docs/results.md, ``--help``), reads.
+
+    >>> by_half([(0, 0.4), (8064, 0.5), (16128, 0.6), (32004, 0.7)], 32004)
+    (8064, 0.5)
+    """
+    return ([p for p in points if p[0] <= total / 2] or [None])[-1]
+
+
 def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[float]]:
-    """Per file: training reward over the first and last eighth of its steps, validation first and last, NFE, and
-    the validation gain by half the run's model evaluations (the last validation at or before that point)."""
+    """Per file: training reward over the first and last eighth of its steps, validation before training and last,
+    NFE, and the validation gain by half the run's model evaluations (:data:`HALF_RULE`)."""
     out: dict[str, list[float]] = {"train_first": [], "train_last": [], "val_first": [], "val_last": [],
                                    "val_gain": [], "val_half_gain": [], "nfe": [], "evaluations": [], "minutes": []}
     for path in paths:
@@ -157,14 +169,17 @@ def summary(paths: list[Path], key: str = "reward/total") -> dict[str, list[floa
         out["train_first"].append(statistics.fmean(ty[:eighth]))
         out["train_last"].append(statistics.fmean(ty[-eighth:]))
         _, vy = series(rows, f"val/{key}")
-        out["val_first"].append(vy[0] if vy else float("nan"))
+        # the base to pair with is a validation logged before any training; a later first one is no base (NaN)
+        first = next((row for row in rows if f"val/{key}" in row or f"train/{key}" in row), {})
+        base = vy[0] if f"val/{key}" in first else float("nan")
+        out["val_first"].append(base)
         out["val_last"].append(vy[-1] if vy else float("nan"))
-        out["val_gain"].append(vy[-1] - vy[0] if vy else float("nan"))  # paired: the seed's own base
+        out["val_gain"].append(vy[-1] - base if vy else float("nan"))  # paired: the seed's own base
         out["nfe"].append(sum(row.get("rollout/nfe", 0.0) for row in rows))
         out["evaluations"].append(sum(row.get("rollout/evaluations", 0.0) for row in rows))
         vx, _ = series(rows, f"val/{key}", "evaluations")
-        half = [y for x, y in zip(vx, vy) if x <= out["evaluations"][-1] / 2]
-        out["val_half_gain"].append(half[-1] - vy[0] if half else float("nan"))
+        half = by_half(list(zip(vx, vy)), out["evaluations"][-1])
+        out["val_half_gain"].append(half[1] - base if half else float("nan"))
         out["minutes"].append(max((row["minutes"] for row in rows if "minutes" in row), default=float("nan")))
     return out
 
@@ -231,11 +246,9 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
     # rollout/nfe is per trajectory: with equal batch sizes its running sum is proportional to the total compute
     xlabel = {"nfe": "model evaluations per trajectory, cumulative (NFE)",
               "evaluations": "model evaluations, cumulative (the whole batch's)",
-              "minutes": "wall-clock minutes (mean over the seeds)"}.get(x, "training step (one sampled "
-                                                                                      "batch)")
-    for axes, what in ((ax, f"training {key} (moving mean)"),
-                       (vax, f"held-out validation {key}: gain over the base model")) if split else (
-            (ax, key),):
+              "minutes": "wall-clock minutes (mean over the seeds)"}.get(x, "training step (one sampled batch)")
+    panels = [(ax, f"training {key} (moving mean)"), (vax, f"held-out validation {key}: gain over the base model")]
+    for axes, what in panels if split else [(ax, key)]:
         axes.set_xlabel(xlabel)
         axes.set_ylabel(what)
         axes.grid(alpha=0.3)
@@ -252,15 +265,23 @@ def plot(runs: dict[str, list[Path]], out: Path, key: str = "reward/total", x: s
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="metrics.csv paths, optionally as label=path or label=path,path,...")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog=f"Gain by half (--table, --results): {HALF_RULE}.")
+    parser.add_argument("runs", nargs="*", help="metrics.csv paths, optionally as label=path or label=path,path,...")
     parser.add_argument("--out", type=Path, default=Path("reward_curve.png"))
     parser.add_argument("--key", default="reward/total", help="metric after the train/ and val/ prefixes")
     parser.add_argument("--x", choices=["step", "nfe", "evaluations", "minutes"], default="step")
     parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--table", action="store_true", help="also print a Markdown summary table")
     parser.add_argument("--split", action="store_true", help="training and validation in two panels, legend below")
+    parser.add_argument("--results", action="store_true", help="print docs/results.md's tables from docs/data/")
+    parser.add_argument("--write", action="store_true", help="with --results: paste them into docs/results.md")
     args = parser.parse_args(argv)
+    if args.results:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_tables sits beside this script
+        return __import__("results_tables").main(write=args.write)
+    if not args.runs:
+        parser.error("give the runs' metrics.csv files (or --results)")
     runs = {}
     for spec in args.runs:
         label, _, paths = spec.rpartition("=")

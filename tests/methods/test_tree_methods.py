@@ -33,9 +33,11 @@ def policy(tiny_model_dir):
 
 @pytest.mark.parametrize("make, per_tree, leaves, edges", [
     (lambda p: TempFlowGRPO(p, num_steps=10, guidance_scale=2.0), 9 + 6 * sum(9 - k for k in range(9)), 54, 54),
+    # custom branch steps: the trunk stops at the last one (6 evaluations, not T-1), completions from 3 and from 6
+    (lambda p: TempFlowGRPO(p, num_steps=10, branch_steps=[2, 5], guidance_scale=2.0), 6 + 6 * (7 + 4), 12, 12),
     (lambda p: TreeRPO(p, num_steps=10, window_start=2, guidance_scale=2.0), 2 + 15 + 16 * 4, 16, 30),
     (lambda p: BranchGRPO(p, num_steps=10, guidance_scale=2.0), 1 + 2 + 2 + 4 + 4 + 8 + 8 + 16 * 3, 16, 2 * 46),
-], ids=["tempflow", "tree_rpo", "branch"])
+], ids=["tempflow", "tempflow_branch_steps", "tree_rpo", "branch"])
 def test_nfe_counted_through_the_model_and_edges_trained_once(policy, make, per_tree, leaves, edges):
     method = make(policy)
     rollout, evaluations = counted_rollout(method, BATCH)

@@ -18,10 +18,11 @@ def plot_rewards():
 
 
 def write_metrics(path: Path) -> Path:
-    # CSVLogger writes one row per log call with empty cells for the other columns
+    # CSVLogger writes one row per log call with empty cells for the other columns; the validation before training
+    # comes first
     path.write_text("epoch,rollout/nfe,step,train/reward/total,val/reward/total\n"
-                    "0,10,0,0.5,\n"
                     "0,,0,,0.4\n"
+                    "0,10,0,0.5,\n"
                     "0,10,1,0.7,\n"
                     "0,30,2,0.9,\n"
                     "0,,2,,0.8\n")
@@ -101,3 +102,25 @@ def test_seeds_with_different_steps_are_refused(plot_rewards, tmp_path):
     b.write_text(a.read_text().replace("0,10,1,0.7,", "0,20,1,0.7,"))  # a different NFE at step 1
     with pytest.raises(SystemExit, match="different steps or NFE"):
         plot_rewards.main([f"flow={a},{b}", "--x", "nfe", "--out", str(tmp_path / "x.png")])
+
+
+def test_by_half_counts_a_validation_at_half_and_none_past_it(plot_rewards):
+    points = [(0.0, 0.4), (50.0, 0.5), (50.5, 0.9)]
+    assert plot_rewards.by_half(points, 100.0) == (50.0, 0.5)  # at exactly half: by half
+    assert plot_rewards.by_half(points, 100.9) == (50.0, 0.5)  # 50.5 is past 50.45: not, however close
+    assert plot_rewards.by_half(points, 101.0) == (50.5, 0.9)
+    assert plot_rewards.by_half([(60.0, 0.5)], 100.0) is None
+
+
+def test_main_needs_runs_unless_it_prints_the_results_page(plot_rewards, capsys):
+    with pytest.raises(SystemExit):
+        plot_rewards.main([])
+    assert "give the runs' metrics.csv files (or --results)" in capsys.readouterr().err
+
+
+def test_a_run_without_a_validation_before_training_has_no_base(plot_rewards, tmp_path):
+    # its first validation comes after two batches: not a base to pair the gain with (NaN, not 0.6)
+    a = tmp_path / "a.csv"
+    a.write_text("epoch,step,train/reward/total,val/reward/total\n0,0,0.5,\n0,1,0.6,\n0,1,,0.6\n0,2,0.7,\n0,2,,0.8\n")
+    row = plot_rewards.table({"run": [a, a]}).splitlines()[2]
+    assert row.endswith("| nan | 0.800 +- 0.000 | nan |")

@@ -1,0 +1,87 @@
+"""docs/results.md is what ``scripts/plot_rewards.py --results`` prints from the runs kept in docs/data/: every table,
+and every figure its prose quotes. A number edited on the page by hand fails here."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = (ROOT / "docs/results.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def tables():
+    sys.path.insert(0, str(ROOT / "scripts"))  # results_tables imports plot_rewards beside it
+    try:
+        import results_tables
+
+        yield results_tables
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+
+
+@pytest.fixture(scope="module")
+def printed():
+    """The script's output, run as a user runs it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "scripts/plot_rewards.py"), "--results"], capture_output=True,
+                          text=True, timeout=120, check=True, cwd=ROOT, env=env).stdout
+
+
+def test_every_table_on_the_page_is_the_scripts_output(printed, tables):
+    blocks = re.findall(r"<!-- results:\S+ -->.*?<!-- /results:\S+ -->", printed, flags=re.S)
+    assert len(blocks) == 12
+    for block in blocks:
+        assert block in PAGE, block[:200]
+    # and the page holds no block the script no longer prints
+    assert re.findall(r"<!-- results:(\S+) -->", PAGE) == re.findall(r"<!-- results:(\S+) -->", printed)
+    assert tables.problems(PAGE, tables.blocks()) == []
+
+
+def test_a_number_edited_by_hand_fails(tables):
+    made = tables.blocks()
+    edits = {
+        "a table cell": ("| Dynamic-TreeRPO | 108 |", "| Dynamic-TreeRPO | 73 |"),
+        "a per-seed figure in a table": ("| 0.495 | 0.430 |", "| 0.495 | 0.495 |"),
+        "a figure the prose quotes": ("(0.578 against 0.570)", "(0.578 against 0.571)"),
+        "a gain the prose quotes": ("final (-0.013 +- 0.016)", "final (-0.012 +- 0.016)"),
+        "a count of batches": ("barely moves in 25 batches", "barely moves in 26 batches"),
+        "a percentage": ("the default seed 0 gains 48%", "the default seed 0 gains 49%"),
+    }
+    for what, (before, after) in edits.items():
+        assert PAGE.count(before) == 1, what
+        assert tables.problems(PAGE.replace(before, after), made), what
+    # a block removed from the page, or one the script does not print, fails too
+    name = "layer-tuning"
+    cut = re.sub(rf"<!-- results:{name} -->.*?<!-- /results:{name} -->", "", PAGE, flags=re.S)
+    assert f"block {name!r}: missing from the page" in tables.problems(cut, made)
+    assert tables.problems(PAGE + "\n<!-- results:old -->\n\n| 1 |\n\n<!-- /results:old -->\n", made) == [
+        "block 'old' on the page is not one the script prints"]
+
+
+def test_the_issues_figures_are_what_the_data_gives(printed):
+    """The corrections of issue 24, recomputed from the kept runs."""
+    papers = re.search(r"\| Dynamic-TreeRPO \| (\d+) \| ([\d,]+) -> (\d+) \|", printed)
+    assert papers.groups() == ("108", "444", "264")  # the window slides: 108 batches, not the 73 of 32,000 / 444
+    half = re.search(r"\n\| minus Flow-GRPO at 32,000, mean \+- standard error \|(.*)\|\n", printed)[1].split("|")
+    # columns: before, Flow-GRPO, late window by half, at its end, TempFlow by half, at 50.4 %, at its end
+    assert half[4].strip() == "-0.013 +- 0.016 (3 of 6 seeds >= 0)"  # strictly by half: its validation at 8,064
+    assert half[5].strip() == "+0.011 +- 0.010 (4 of 6 seeds >= 0)"  # what the page quoted, at 50.4 %
+    assert "TempFlow-GRPO 1-step at 8,064 (25.2 %, the last by half)" in printed
+    assert "Dynamic-TreeRPO late window at 15,912 (49.7 %, the last by half)" in printed
+    # Flow-GRPO on the 4-step base, seed 2: 0.495 at half, 0.430 at three quarters
+    assert "| 2 | 0.403 | 0.448 | 0.495 | 0.430 | 0.358 | 0.370 |" in printed
+
+
+def test_the_gain_by_half_is_defined_once(tables):
+    from plot_rewards import HALF_RULE
+
+    assert PAGE.count(HALF_RULE) == 1
+    help_text = subprocess.run([sys.executable, str(ROOT / "scripts/plot_rewards.py"), "--help"],
+                               capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "the last validation" in " ".join(help_text.split())  # argparse rewraps the epilog
+    assert " ".join(HALF_RULE.split()) in " ".join(help_text.split())
