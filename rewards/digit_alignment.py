@@ -7,6 +7,8 @@ product of the four probabilities of the prompt's attributes, in ``[0, 1]``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Optional
 
 import torch
@@ -36,7 +38,9 @@ class DigitAlignment(ModelReward):
     def _load(self, model, device, dtype):
         from flowrl.rewards.digit_classifier import DigitCanvasClassifier
 
-        return DigitCanvasClassifier.from_pretrained(model).eval().requires_grad_(False).to(device, dtype)
+        with contextlib.redirect_stdout(io.StringIO()):  # huggingface_hub prints "Loading weights from local
+            classifier = DigitCanvasClassifier.from_pretrained(model)  # directory" for every local folder it loads
+        return classifier.eval().requires_grad_(False).to(device, dtype)
 
     def _score(self, images, prompts, metadata) -> Tensor:
         if tuple(images.shape[-2:]) != (CANVAS_SIZE, CANVAS_SIZE):  # a ValueError: the reward server answers 400

@@ -17,12 +17,14 @@ def test_quickstart_first_steps_show_the_run_and_no_warning(tmp_path):
         [sys.executable, "-m", "flowrl", "fit", "--config", "configs/quickstart.yaml", "--trainer.max_steps=2",
          f"--trainer.default_root_dir={tmp_path}", "--data.num_groups=2", "--data.group_size=4",
          "--data.val_prompts=[red 3 and blue 7]"],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    console = proc.stdout + proc.stderr
+        cwd=ROOT, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=600)  # one stream, unbuffered: the lines in the order a terminal shows them
+    console = proc.stdout
     assert proc.returncode == 0, console[-3000:]
     warnings = [line for line in console.splitlines() if "warn" in line.lower()]
     assert warnings == []
     assert [noise for noise in KNOWN_NOISE if noise in console] == []
+    assert "Loading weights from local directory" not in console  # huggingface_hub's print for the reward's folder
     header = console[console.index("flowrl fit: FlowGRPO on TinyFlowPolicy (flowrl/tiny-digits), LoRA rank 32"):]
     for line in ("rewards:     digit_alignment x 1", "batch:       2 prompts x 4 samples = 8 per batch on 1 process",
                  "run:         2 optimizer steps", f"logs:        {tmp_path}/quickstart/version_0 (TensorBoard, "
@@ -30,6 +32,39 @@ def test_quickstart_first_steps_show_the_run_and_no_warning(tmp_path):
         assert line in header.split("steps:")[0], line  # before the progress bar starts
     assert "steps: 100%" in console and "reward/total=" in console
     assert "flowrl run summary" in console
+    # the README's and Getting started's first screen: the same block, with the lines a run prints, in its order
+    readme, started = first_screen(ROOT / "README.md"), first_screen(ROOT / "docs/getting-started.md")
+    assert readme == started and readme[-1].startswith("steps: ")
+    assert [label(line) for line in readme[:-1]] == [label(line) for line in screen_before_the_bar(console)]
+
+
+def first_screen(page: Path) -> list[str]:
+    """The lines of the first ``text`` block after the words "first screen" on a docs page."""
+    text = page.read_text()
+    block = text[text.index("```text\n", text.index("first screen")) + len("```text\n"):]
+    return block[:block.index("```")].rstrip("\n").split("\n")
+
+
+def screen_before_the_bar(console: str) -> list[str]:
+    """What a terminal shows above the training bar: each line's last carriage-return segment, a progress bar's
+    refreshes as one line, without the validation bar (it clears itself when done)."""
+    shown = []
+    for line in console.split("\n"):
+        segment = [part for part in line.split("\r") if part.strip()][-1:] or [""]
+        if segment[0].startswith("steps:"):
+            return shown
+        if not segment[0].strip() or segment[0].startswith("validation"):
+            continue
+        if shown and "|" in segment[0] and label(shown[-1]) == label(segment[0]):
+            shown[-1] = segment[0]  # a bar's refresh: a pipe gets it on a new line, a terminal over the old one
+        else:
+            shown.append(segment[0])
+    raise AssertionError("no training progress bar in the console")
+
+
+def label(line: str) -> str:
+    """A console line's label: the text before its first colon ("  batch", "GPU available"), or the line."""
+    return line.split(":")[0].rstrip()
 
 
 def test_the_filters_hide_only_the_notices_they_name():
