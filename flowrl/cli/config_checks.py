@@ -50,11 +50,13 @@ def config_problems(config: Any) -> list[str]:
     world = world_size(trainer)
     data = _as_dict(config.get("data"))
     # samples one rollout scores (a tree's leaves), once the options it is computed from are sound
-    samples = 1 if method_problems else method.rollout_cost(bound_options(method, (), init_args)[0])[0]
+    options = bound_options(method, (), init_args)[0]  # every option's value, the declared default where unset
+    samples = 1 if method_problems else method.rollout_cost(options)[0]
     layout = GroupLayout(1, data.get("num_groups", 4), data.get("group_size", 8), world or 1,
                          data.get("spread_groups", True), samples_per_rollout=samples)
     problems += layout.problems(getattr(method, "min_group_size", 2), method.__name__)
-    problems += schedule_problems(init_args, trainer, layout.local_batch_size)
+    if not method_problems:
+        problems += schedule_problems(vars(options), trainer, layout.local_batch_size)
     if trainer.get("use_distributed_sampler"):
         problems.append("trainer.use_distributed_sampler=true would re-split the GRPO groups; set it to false")
     for key in ("prompts", "val_prompts"):
@@ -89,27 +91,29 @@ def world_size(trainer: dict) -> Optional[int]:
     return devices * nodes if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) else None
 
 
-def schedule_problems(init_args: dict, trainer: dict, local_batch_size: int) -> list[str]:
+def schedule_problems(options: dict, trainer: dict, local_batch_size: int) -> list[str]:
     """Optimizer steps per batch against ``trainer.max_steps`` and against what one rank's batch can be split into.
+    ``options``: the method's bound options (every one, defaults filled in); a method without minibatches or inner
+    epochs takes one optimizer step per batch.
 
-    >>> schedule_problems({"num_minibatches": 2}, {"max_steps": 3}, 8)  # doctest: +ELLIPSIS
+    >>> schedule_problems({"num_minibatches": 2, "num_steps": 10}, {"max_steps": 3}, 8)  # doctest: +ELLIPSIS
     ['trainer.max_steps=3 is not a multiple of the 2 optimizer steps ... use 2 or 4']
     >>> schedule_problems({"num_minibatches": 1000, "num_steps": 4}, {"max_steps": 2000}, 8)[0][:65]
     'model.num_minibatches=1000 exceeds the at most 32 trained (sample'
     """
     problems = []
-    per_batch = init_args.get("num_inner_epochs", 1) * init_args.get("num_minibatches", 1)
+    per_batch = options.get("num_inner_epochs", 1) * options.get("num_minibatches", 1)
     max_steps = trainer.get("max_steps", -1)
     if isinstance(max_steps, int) and max_steps > 0 and per_batch > 0 and max_steps % per_batch:
         lower, upper = max_steps // per_batch * per_batch, -(-max_steps // per_batch) * per_batch
         problems.append(f"trainer.max_steps={max_steps} is not a multiple of the {per_batch} optimizer steps each "
                         f"batch takes (model.num_inner_epochs x model.num_minibatches), so the run would stop "
                         f"after {upper}; use {' or '.join(str(v) for v in sorted({lower, upper}) if v > 0)}")
-    pairs = local_batch_size * init_args.get("num_steps", 10)  # an upper bound: every step of every sample trained
-    if init_args.get("num_minibatches", 1) > pairs > 0:
-        problems.append(f"model.num_minibatches={init_args['num_minibatches']} exceeds the at most {pairs} trained "
+    pairs = local_batch_size * options["num_steps"]  # an upper bound: every step of every sample trained
+    if options.get("num_minibatches", 1) > pairs > 0:
+        problems.append(f"model.num_minibatches={options['num_minibatches']} exceeds the at most {pairs} trained "
                         f"(sample, step) pairs of one rank's batch ({local_batch_size} samples x "
-                        f"{init_args.get('num_steps', 10)} steps); each minibatch needs at least one, so lower it")
+                        f"{options['num_steps']} steps); each minibatch needs at least one, so lower it")
     return problems
 
 

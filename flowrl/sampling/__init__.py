@@ -15,10 +15,10 @@
 from flowrl.sampling.completion_rewards import completion_rewards
 from flowrl.sampling.ode_complete import Completion, complete_trajectories, ode_complete
 from flowrl.sampling.rollout import Rollout
-from flowrl.sampling.sampler import (branch_seed, path_noise, sample, sample_from, sde_steps, seeded_noise,
-                                     trained_steps)
+from flowrl.sampling.sampler import (NoiseStream, branch_seed, path_noise, sample, sample_from, sde_steps,
+                                     seeded_noise, trained_steps)
 from flowrl.sampling.steps import STEPS, StepOutput, gaussian_log_prob, get_step
 
-__all__ = ["Completion", "Rollout", "STEPS", "StepOutput", "branch_seed", "complete_trajectories",
+__all__ = ["Completion", "NoiseStream", "Rollout", "STEPS", "StepOutput", "branch_seed", "complete_trajectories",
            "completion_rewards", "gaussian_log_prob", "get_step", "ode_complete", "path_noise", "sample",
            "sample_from", "sde_steps", "seeded_noise", "trained_steps"]

@@ -19,6 +19,7 @@ indices (:func:`branch_seed`), so the same config gives the same tree bit for bi
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -45,6 +46,48 @@ def seeded_noise(seeds: Tensor, shape: Sequence[int], draws: int, device: torch.
         gen = torch.Generator().manual_seed(int(seed))
         rows.append(torch.randn((draws, *shape), generator=gen))
     return torch.stack(rows).to(device)
+
+
+class NoiseStream:
+    """:func:`seeded_noise` ``[B, draws, *shape]`` handed out one draw at a time, so that a rollout holds one step's
+    noise instead of every step's (for a video the noise of all steps is as large as its trajectory).
+
+    Each row's generator continues where the last draw ended. torch fills normal noise in blocks of 16 values, so
+    draws of ``numel(shape) % 16 == 0`` values each are exactly :func:`seeded_noise`'s; other shapes (no real
+    model's) draw everything at once as :func:`seeded_noise` does, keeping the numbers a seed has always given.
+
+    >>> stream = NoiseStream(torch.tensor([7, 8]), (4, 4), 3)
+    >>> torch.equal(torch.stack([stream.draw(i) for i in range(3)], 1), seeded_noise(torch.tensor([7, 8]), (4, 4), 3))
+    True
+    """
+
+    def __init__(self, seeds: Tensor, shape: Sequence[int], draws: int, device: torch.device | str = "cpu"):
+        self.rows, self.draws, self.latent_shape = len(seeds), draws, tuple(shape)
+        self.device, self.taken, self.offset = device, 0, 0
+        if math.prod(shape) % 16 == 0:
+            self.generators, self.all = [torch.Generator().manual_seed(int(s)) for s in seeds.tolist()], None
+        else:
+            self.generators, self.all = [], seeded_noise(seeds, shape, draws, device)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the noise tensor it stands for, ``[B, draws, *shape]`` (its draws from :meth:`rest` on)."""
+        return (self.rows, self.draws - self.offset, *self.latent_shape)
+
+    def rest(self) -> "NoiseStream":
+        """The draws not yet taken, numbered from 0 (``sample_from``'s steps after the initial noise)."""
+        self.offset = self.taken
+        return self
+
+    def draw(self, i: int) -> Tensor:
+        """Draw ``i`` of every row ``[B, *shape]``; draws are taken in order, each once."""
+        k = self.offset + i
+        if k != self.taken or k >= self.draws:
+            raise IndexError(f"NoiseStream: draw {k} asked for; draw {self.taken} of {self.draws} is next")
+        self.taken += 1
+        if self.all is not None:
+            return self.all[:, k]
+        return torch.stack([torch.randn(self.latent_shape, generator=g) for g in self.generators]).to(self.device)
 
 
 def branch_seed(seed: int, path: Sequence[int]) -> int:
@@ -128,8 +171,8 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int = 0,
         z: ``[R, *latent_shape]`` the states at step ``start``.
         sigmas: ``[T + 1]`` the schedule every row follows, or ``[R, S + 1]`` one per row (an ODE completion's
             remaining schedule). start: the step ``z`` is at.
-        noise: ``[R, n, *latent_shape]`` the noise of steps ``start .. start + n - 1`` (ignored on ODE steps); None:
-            the ODE on every step.
+        noise: ``[R, n, *latent_shape]`` the noise of steps ``start .. start + n - 1`` (ignored on ODE steps), or a
+            :class:`NoiseStream` that draws it step by step; None: the ODE on every step.
         step_kind: the SDE step; where ``sde_mask`` is False its deterministic form (``ode_kind``) runs instead.
         sde_mask: ``[n]`` or ``[R, n]`` bool, per step or per row and step; None: the SDE on every step (the ODE
             without ``noise``).
@@ -170,7 +213,8 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int = 0,
         v = model_velocity(velocity, z_in, sigma, rows if every else rows[active.to(rows.device)], chunk_size)
         if velocities is not None:
             velocities.append(v)
-        step_noise = None if noise is None else noise[:, i] if every else noise[active.to(noise.device), i]
+        step_noise = None if noise is None else noise.draw(i) if isinstance(noise, NoiseStream) else noise[:, i]
+        step_noise = step_noise if step_noise is None or every else step_noise[active.to(step_noise.device)]
         out = apply_step(z_in, v, sigma, sigma_next, step_kind, mask[active, i], step_noise, levels[k])
         z = out.z_next if every else z.index_put((here,), out.z_next.to(z.dtype))
         if keep_states:
@@ -195,8 +239,9 @@ def sample(velocity: VelocityFn, seeds: Tensor, sigmas: Tensor, latent_shape: Se
     """
     num_steps = sigmas.numel() - 1
     sde_mask = sde_steps(num_steps, step_kind) if sde_mask is None else sde_mask
-    noise = seeded_noise(seeds, latent_shape, num_steps + 1, device)  # [B, T+1, ...]
-    return sample_from(velocity, noise[:, 0], sigmas, 0, noise[:, 1:], step_kind, sde_mask, noise_level, velocities)
+    noise = NoiseStream(seeds, latent_shape, num_steps + 1, device)  # seeded_noise [B, T+1, ...], a step at a time
+    z0 = noise.draw(0)
+    return sample_from(velocity, z0, sigmas, 0, noise.rest(), step_kind, sde_mask, noise_level, velocities)
 
 
 def sde_steps(num_steps: int, step_kind: str, sde_window: Optional[tuple[int, int]] = None) -> Tensor:

@@ -32,7 +32,8 @@ import torch
 from torch import Tensor
 
 from flowrl.sampling.ode_complete import ode_complete
-from flowrl.sampling.sampler import VelocityFn, apply_step, branch_seed, model_velocity, seeded_noise
+from flowrl.sampling.sampler import (NoiseStream, VelocityFn, apply_step, branch_seed, model_velocity,
+                                     seeded_noise)
 from flowrl.sampling.steps import ode_kind
 
 _STEP, _SIDE = 1 << 40, 1 << 41  # path markers: a step's noise, a side branch (never equal to a child index)
@@ -138,7 +139,7 @@ def sample_trees(velocity: VelocityFn, seeds: Tensor, latent_shape: Sequence[int
     T, P = sigmas.numel() - 1, seeds.numel()
     levels = torch.as_tensor(noise_level, dtype=torch.float32).expand(T) * torch.tensor(shape.noise_scale)
     store: list[Tensor] = []
-    z0 = seeded_noise(seeds, latent_shape, T + 1, device)[:, 0]  # as `sample` draws it: the trunk is its ODE sample
+    z0 = NoiseStream(seeds, latent_shape, T + 1, device).draw(0)  # as `sample` draws it: the trunk is its ODE sample
     history = {"node": torch.zeros(P, T, dtype=torch.long), "lp": torch.zeros(P, T), "sde": torch.zeros(P, T).bool(),
                "eval": torch.full((P, T), -1, dtype=torch.long),
                "state": torch.full((P, T + 1), -1, dtype=torch.long)}

@@ -17,6 +17,7 @@ class DumpOutputs(Callback):
         self.out.mkdir(parents=True, exist_ok=True)
         rows = {k: outputs[k].cpu() for k in ("seeds", "group_ids", "advantages", "rewards", "node_ids")
                 if outputs.get(k) is not None}
+        rows["devices"] = {"images": outputs["images"].device.type, "module": pl_module.device.type}
         if "train/grad_norm" in trainer.callback_metrics:
             rows["grad_norm"] = trainer.callback_metrics["train/grad_norm"].cpu()
         torch.save(rows, self.out / f"step{trainer.fit_loop.total_batch_idx}_rank{trainer.global_rank}.pt")

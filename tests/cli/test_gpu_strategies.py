@@ -33,3 +33,10 @@ def test_two_gpus_equal_one_gpu(strategy, tiny_model_dir, tmp_path):
         torch.testing.assert_close(torch.cat([r["advantages"] for r in ranks])[seeds.argsort()],
                                    one[f"{step}_rank0"]["advantages"][one[f"{step}_rank0"]["seeds"].argsort()],
                                    atol=1e-4, rtol=1e-3)  # TF32 and reduction order on GPUs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_scored_images_leave_the_gpu_before_the_update(tiny_model_dir, tmp_path):
+    run_cli(fit_args(tiny_model_dir, tmp_path, *COMMON, "--trainer.devices=1", "--trainer.max_steps=2"), tmp_path)
+    step = load_steps(tmp_path)["step0_rank0"]
+    assert step["devices"] == {"images": "cpu", "module": "cuda"}

@@ -1,9 +1,10 @@
 """The sampler: seeded noise per sample, recorded states and log-probs, trained-step masks, continuing from any
 state with per-row step kinds, and branch noise from (tree seed, path)."""
 
+import pytest
 import torch
 
-from flowrl.sampling.sampler import (branch_seed, path_noise, sample, sample_from, sde_steps, seeded_noise,
+from flowrl.sampling.sampler import (NoiseStream, branch_seed, path_noise, sample, sample_from, sde_steps, seeded_noise,
                                      trained_steps)
 from flowrl.sampling.steps import flow_grpo_step
 
@@ -77,3 +78,17 @@ def test_branch_noise_depends_on_the_tree_seed_and_the_path_only():
     assert torch.equal(first[2], again[0])  # the same node, whatever the batch around it
     assert not torch.equal(first[0], first[1]) and not torch.equal(first[0], first[2])
     assert branch_seed(9, [0, 1]) != branch_seed(9, [1, 0]) and branch_seed(9, []) == 9
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 4), (1, 2, 2), (3, 5, 7)])  # numel % 16 == 0: drawn per step; else at once
+def test_sample_draws_step_by_step_exactly_the_noise_drawn_up_front(shape):
+    sigmas, seeds = torch.linspace(1, 0, 6), torch.tensor([21, 5, 8])
+    noise = seeded_noise(seeds, shape, 6)
+    expected = sample_from(linear_velocity, noise[:, 0], sigmas, 0, noise[:, 1:], "flow_grpo", noise_level=0.7)
+    for got, want in zip(sample(linear_velocity, seeds, sigmas, shape, "flow_grpo", 0.7), expected):
+        assert torch.equal(got, want)
+    stream = NoiseStream(seeds, shape, 6)
+    assert stream.shape == (3, 6, *shape) and torch.equal(stream.draw(0), noise[:, 0])
+    assert stream.rest().shape == (3, 5, *shape)
+    with pytest.raises(IndexError, match="draw 3 asked for; draw 1 of 6 is next"):
+        stream.draw(2)  # a stream hands its draws out in order, once each
