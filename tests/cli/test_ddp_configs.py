@@ -80,7 +80,14 @@ def two_nodes(config: str, out: Path, strategy: str) -> list[subprocess.Popen]:
             for rank in (0, 1)]
 
 
-@pytest.mark.parametrize("config", sorted(CONFIGS))
+# the methods whose own tests already run 2 DDP processes against 1 per sample (test_dense_grpo, test_tp_grpo,
+# test_tree_methods) run here in the slow suite only; the quickstart is tiny_flow_grpo at other sizes
+OWN_DDP_TEST = {"quickstart.yaml", "tiny_dense_grpo.yaml", "tiny_tp_grpo.yaml", "tiny_tempflow_grpo.yaml",
+                "tiny_tree_rpo.yaml"}
+
+
+@pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow) if c in OWN_DDP_TEST else c
+                                    for c in sorted(CONFIGS)])
 def test_two_ddp_processes_print_the_numbers_of_one(config, tmp_path, capsys, monkeypatch):
     one = one_process(config, tmp_path / "one", capsys, monkeypatch)
     two = summary(fit(config, tmp_path / "two", "--trainer.devices=2", "--trainer.strategy=ddp"))

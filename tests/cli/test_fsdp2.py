@@ -100,8 +100,9 @@ def test_fsdp2_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(tiny
     assert any(not torch.equal(ema_a["shadow"][k], a["state_dict"][k]) for k in ema_a["shadow"])
 
 
-@pytest.mark.parametrize("config", ["tiny_dense_grpo.yaml", "tiny_tp_grpo.yaml", "tiny_tempflow_grpo.yaml",
-                                    "tiny_tree_rpo.yaml", "tiny_branch_grpo.yaml"])
+@pytest.mark.parametrize("config", [  # one completion method and one tree method by default; the rest in the slow suite
+    "tiny_dense_grpo.yaml", "tiny_branch_grpo.yaml", *[pytest.param(c, marks=pytest.mark.slow) for c in (
+        "tiny_tp_grpo.yaml", "tiny_tempflow_grpo.yaml", "tiny_tree_rpo.yaml")]])
 def test_fsdp2_dense_methods_print_the_numbers_of_one_process(config, tmp_path, capsys, monkeypatch):
     # their rollouts complete states with the ODE on the sharded denoiser (all-gathered per block); the tree methods
     # also run each depth's nodes as one batched forward of it
