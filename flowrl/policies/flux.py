@@ -87,11 +87,17 @@ class FluxPolicy(PipelinePolicy):
         ``cfg_gradient`` has nothing to choose between)."""
         return self._forward(latents, sigma, cond, guidance_scale)
 
-    def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
+    def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0,
+                 source: Optional[Tensor] = None, source_ids: Optional[Tensor] = None) -> Tensor:
+        """One evaluation; ``source [B, N, 4C]`` and ``source_ids [N, 3]``: tokens appended after the image's (an
+        edit's source, FLUX.1 Kontext), whose outputs are dropped."""
         b, c, h, w = latents.shape
         dtype, device = self.denoiser_dtype, latents.device
         packed = FluxPipeline._pack_latents(latents.to(dtype), b, c, h, w)  # [B, h/2 * w/2, 4C]
         image_ids = FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, device, dtype)
+        if source is not None:
+            packed = torch.cat([packed, source.to(dtype)], 1)
+            image_ids = torch.cat([image_ids, source_ids.to(device, dtype)], 0)
         embeds, pooled = cond.embeds, cond.pooled
         text_ids = torch.zeros(embeds.shape[1], 3, device=device, dtype=dtype)
         guidance = None
@@ -102,7 +108,7 @@ class FluxPolicy(PipelinePolicy):
                                 pooled_projections=pooled.to(dtype), encoder_hidden_states=embeds.to(dtype),
                                 txt_ids=text_ids, img_ids=image_ids, return_dict=False)[0]
         scale = self.vae_scale_factor
-        return FluxPipeline._unpack_latents(out, h * scale, w * scale, scale).float()
+        return FluxPipeline._unpack_latents(out[:, :(h // 2) * (w // 2)], h * scale, w * scale, scale).float()
 
     def latent_shape(self) -> tuple[int, ...]:
         size = 2 * (self.resolution // (self.vae_scale_factor * 2))
