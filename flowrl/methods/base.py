@@ -34,7 +34,7 @@ from flowrl.methods.option_surface import at_least, checked_options, optimizer_p
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import AGGREGATIONS
-from flowrl.rewards.reward_set import batch_metadata
+from flowrl.rewards.reward_set import row_metadata
 from flowrl.sampling.completions import Completions
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import sample, sde_steps
@@ -170,14 +170,13 @@ class BaseModule(Distributed):
         parts, pending = [], []
         for start in range(0, size, step):
             rows = slice(start, min(start + step, size))
-            chunk = {k: v[rows] if isinstance(v, (list, Tensor)) else v for k, v in batch.items()}
+            # images stay per conditioning row, as cond: a row (a leaf, a completion) finds its own by cond_rows
+            chunk = {k: v[rows] if isinstance(v, (list, Tensor)) and k != "images" else v for k, v in batch.items()}
             chunk["cond_rows"] = torch.arange(rows.start, rows.stop, device=self.device)
             part = self.rollout(chunk, cond)
             part.images = self.policy.decode(part.final())
-            per_row = {"group_ids": part.group_ids, "seeds": part.seeds}  # per rollout row (a tree: per leaf)
-            if "images" in batch:  # each row's prompt's images, through the row's conditioning row
-                per_row["images"] = [batch["images"][i] for i in part.cond_rows.tolist()]
-            pending.append(self.reward_set.submit(part.images, part.prompts, batch_metadata(per_row)))
+            metadata = row_metadata(part.group_ids, part.seeds, part.cond_rows, batch.get("images"))
+            pending.append(self.reward_set.submit(part.images, part.prompts, metadata))
             parts.append(part)
         rollout = Rollout.cat(parts) if len(parts) > 1 else parts[0]
         rollout.rewards = self.reward_set.collect(pending)
@@ -242,10 +241,11 @@ class BaseModule(Distributed):
                           nfe=torch.full((size,), self.num_steps, device=self.device),
                           velocities=torch.stack(velocities, 1) if reuse else None)
         starts = self.completion_starts()
-        if starts is not None:
+        if starts is not None:  # each completion scored with its trajectory's metadata (an edit: its sources)
+            metadata = row_metadata(rollout.group_ids, rollout.seeds, rollout.cond_rows, batch.get("images"))
             rollout.completion_rewards, nfe = self.completions.score(
                 rollout, starts, self.velocity_fn(cond, rollout.cond_rows), self.policy.decode,
-                self.reward_set.total_score, ODE_STEPS[self.policy.prediction])
+                self.reward_set.row_scorer(metadata, size), ODE_STEPS[self.policy.prediction])
             rollout.nfe = rollout.nfe + nfe
         return rollout
 
