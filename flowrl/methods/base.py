@@ -30,7 +30,7 @@ from torch import Tensor
 from flowrl import advantages as adv_lib
 from flowrl.methods.batch import GATHERED, Batch, hook_value
 from flowrl.methods.distributed import Distributed
-from flowrl.methods.option_surface import at_least, checked_options, optimizer_problems
+from flowrl.methods.option_surface import at_least, checked_options, optimizer_problems, policy_guidance
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import AGGREGATIONS
@@ -108,6 +108,10 @@ class BaseModule(Distributed):
         elif cls.raw_rewards and o.reward_aggregation != "sum":
             problems.append(f"model.reward_aggregation={o.reward_aggregation!r}: {cls.__name__} takes differences of "
                             "raw weighted rewards along a trajectory; use reward_aggregation: sum")
+        if o.guidance_scale != 1.0 and policy_guidance(o.policy) == "none":
+            problems.append(f"model.guidance_scale={o.guidance_scale}: the policy's model is step-distilled without "
+                            "guidance (no unconditional side, no guidance input), so guidance would do nothing; set "
+                            "model.guidance_scale: 1.0")
         return problems + optimizer_problems(o.optimizer)
 
     @classmethod

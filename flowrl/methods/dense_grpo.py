@@ -24,6 +24,7 @@ from flowrl.methods.flow_grpo import FlowGRPO
 from flowrl.policies.base import FlowPolicy
 from flowrl.sampling.completions import Completions
 from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
+from flowrl.sampling.steps import MAX_NOISE_LEVEL
 
 _CALIBRATION_SEED_OFFSET = 1 << 40  # calibration noise never repeats a training sample's seed
 
@@ -68,7 +69,14 @@ class DenseGRPO(FlowGRPO):
     def check_options(cls, o) -> list[str]:
         problems = Completions(o.completion_steps, o.completion_chunk_size, o.reward_chunk_size).problems()
         calibration = NoiseCalibration(**o.calibration) if isinstance(o.calibration, dict) else o.calibration
-        return problems + (calibration.problems() if calibration is not None else [])
+        if calibration is None:
+            return problems
+        rise = calibration.iterations * calibration.eps2  # the most calibration can add to a step's noise scale
+        if (bound := MAX_NOISE_LEVEL.get(o.step_kind)) is not None and o.noise_level <= bound < o.noise_level + rise:
+            problems.append(f"model.calibration may raise the {o.step_kind} step's noise level (model.noise_level="
+                            f"{o.noise_level}) by up to iterations x eps2 = {rise:g}, past {bound:g}, where the step "
+                            f"is undefined; set model.noise_level <= {bound - rise:g} or calibration: null")
+        return problems + calibration.problems()
 
     # -- hooks ---------------------------------------------------------------------------------------------
 
