@@ -45,7 +45,8 @@ class TreeMethod(PolicyGradient):
     def check_options(cls, o) -> list[str]:
         """
         >>> from types import SimpleNamespace
-        >>> TreeMethod.check_options(SimpleNamespace(completion_steps=None, tree_chunk_size=0, advantage_group="seed"))
+        >>> TreeMethod.check_options(SimpleNamespace(completion_steps=None, tree_chunk_size=0, advantage_group="seed",
+        ...                                         step_kind="flow_grpo", noise_level=0.7))
         ['model.tree_chunk_size=0 must be >= 1 (or null)', "model.advantage_group='seed': choose 'tree' or 'prompt'"]
         """
         problems = at_least(o, 1, ("completion_steps", "tree_chunk_size"), hint=" (or null)")
