@@ -27,6 +27,7 @@ from torch import Tensor
 
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.flux import FLUX_LORA_TARGETS, FluxPolicy
+from flowrl.policies.sharding import is_sharded
 from flowrl.policies.source_latents import SOURCE, SOURCE_GRID, SourceCache, by_layout, count_problem
 from flowrl.rewards.pil_images import to_pil
 
@@ -124,4 +125,4 @@ class FluxKontextPolicy(FluxPolicy):
             return super(FluxKontextPolicy, self)._forward(latents[rows], sigma[rows], part, guidance_scale,
                                                            part.shared[SOURCE][:, :h * w], ids)
 
-        return by_layout(len(latents), cond.shared[SOURCE_GRID], run)
+        return by_layout(len(latents), cond.shared[SOURCE_GRID], run, is_sharded(self.denoiser))

@@ -39,6 +39,7 @@ from flowrl.model_paths import resolve_model
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.padded_prompts import MASK, pad_rows, unpadded
 from flowrl.policies.qwen_image import MAX_SEQUENCE_LENGTH, QwenImagePolicy
+from flowrl.policies.sharding import is_sharded
 from flowrl.policies.source_latents import SOURCE, SOURCE_GRID, SourceCache, by_layout, count_problem, row_key
 from flowrl.rewards.pil_images import to_pil
 
@@ -186,7 +187,8 @@ class QwenImageEditPolicy(QwenImagePolicy):
 
     def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
         return by_layout(len(latents), cond.shared[SOURCE_GRID],
-                         lambda rows, layout: self._forward_rows(latents[rows], sigma[rows], cond.select(rows), layout))
+                         lambda rows, layout: self._forward_rows(latents[rows], sigma[rows], cond.select(rows), layout),
+                         is_sharded(self.denoiser))
 
     def _forward_rows(self, latents: Tensor, sigma: Tensor, cond: Conditioning, layout: list[tuple[int, int]]):
         """Rows that share one source layout: the noisy tokens, then the sources', in one transformer call."""

@@ -84,14 +84,24 @@ def grid_groups(grid: Tensor) -> list[tuple[Tensor, list[tuple[int, int]]]]:
     return [(torch.tensor(rows, device=grid.device), list(layout)) for layout, rows in layouts.items()]
 
 
-def by_layout(size: int, grid: Tensor, run: Callable[[Tensor, list[tuple[int, int]]], Tensor]) -> Tensor:
+def by_layout(size: int, grid: Tensor, run: Callable[[Tensor, list[tuple[int, int]]], Tensor],
+              sharded: bool = False) -> Tensor:
     """``run(rows, layout)`` for each group of the ``size`` rows sharing a source layout, put back in row order (one
     call, and no copy, when the batch has one layout). ``run`` returns the output ``[len(rows), ...]`` of its rows.
 
     >>> by_layout(3, torch.tensor([[[2, 2]], [[1, 4]], [[2, 2]]]), lambda rows, layout: rows[:, None] * 10.0).tolist()
     [[0.0], [10.0], [20.0]]
+
+    Raises:
+        ValueError: ``sharded`` (an FSDP2 denoiser, whose every call is a collective) and more than one layout: the
+            ranks would call it different numbers of times.
     """
     groups = grid_groups(grid)
+    if sharded and len(groups) > 1:
+        raise ValueError(f"under FSDP2 every transformer call is a collective, and this batch's source images have "
+                         f"{len(groups)} token layouts (one call each), which other ranks may not have; give the "
+                         "records' sources one aspect ratio (the policy resizes them to source_area), or train "
+                         "with --trainer.strategy=ddp")
     if len(groups) == 1:
         return run(groups[0][0], groups[0][1])
     out = None
