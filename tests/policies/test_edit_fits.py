@@ -70,7 +70,9 @@ def test_the_same_edits_of_other_sources_are_rewarded_otherwise(flux_kontext_dir
     for seed in (0, 1):  # the same prompts, seeds and model; only the source images' pixels differ
         records = write_records(tmp_path / f"data{seed}", seed=seed)
         main(edit_args("kontext", flux_kontext_dir, tmp_path / f"run{seed}", records))
-        rewards.append(metrics(tmp_path / f"run{seed}")["train/reward/edit_consistency"])
+        logged = metrics(tmp_path / f"run{seed}")
+        assert logged["train/check_ratio_max_dev"] < 1e-5  # on-policy without recomputing: float32 rounding only
+        rewards.append(logged["train/reward/edit_consistency"])
     assert abs(rewards[0] - rewards[1]) > 1e-3
 
 
@@ -87,3 +89,20 @@ def test_dense_grpo_completions_of_an_edit_see_their_own_sources(flux_kontext_di
     # 4 trajectories x 3 steps: 12 ODE completions, then the 4 final images, each scored once
     assert len(scored) == 4 * 3 + 4 and Counter(p for p, _ in scored) == {p: 8 for p in own}
     assert np.isfinite(metrics(tmp_path / "run")["train/reward/source_probe"])
+
+
+def test_the_editing_pages_worked_example_runs_and_gives_its_numbers(flux_kontext_dir, tmp_path, monkeypatch):
+    import csv
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(root / "docs/data/editing"))  # the page's PYTHONPATH: its edit_rewards.py
+    main(["fit", "--config", str(root / "configs/flux_kontext_flow_grpo.yaml"),
+          "--config", str(root / "docs/data/editing/tiny_cpu.yaml"), f"{POLICY}.init_args.model={flux_kontext_dir}",
+          f"--data.prompts={root / 'docs/data/editing/records.jsonl'}", f"--trainer.default_root_dir={tmp_path}",
+          f"--trainer.logger.init_args.save_dir={tmp_path}"])
+    first = next(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    page = (root / "docs/editing.md").read_text()
+    for reward in ("edit_consistency", "keeps_palette"):  # the page quotes the first batch's rewards
+        assert f"`train/reward/{reward}` ({float(first[f'train/reward/{reward}']):.3f}" in page
+    assert float(first["train/check_ratio_max_dev"]) < 1e-5 and list(tmp_path.rglob("samples/step_000001.png"))
