@@ -63,7 +63,7 @@ def qwen_image_edit_problems(index: dict, source_area: int, condition_area: int,
     library = (index.get("processor") or [None])[0]
     if library == "transformers" and importlib.util.find_spec("torchvision") is None:
         problems.append("policy.model: Qwen-Image-Edit's processor (transformers' Qwen2VLProcessor) needs torchvision; "
-                        "pip install torchvision (the build that matches your torch)")
+                        "pip install 'flowrl[editing]' (or torchvision, the build that matches your torch)")
     if source_area < 32 * 32:
         problems.append(f"policy.source_area={source_area} must be >= 1024 (32 x 32 px: the VAE and the 2x2 packing "
                         "need 32 px sides)")

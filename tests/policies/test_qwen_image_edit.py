@@ -128,3 +128,18 @@ def test_bad_options_and_folders_fail_before_any_weight_loads(qwen_edit_plus_dir
         edit(qwen_image_dir, source_area=100)
     with pytest.raises(ValueError, match="image_cache_size=-1"):
         edit(qwen_edit_plus_dir, image_cache_size=-1)
+
+
+def test_the_published_processor_needs_torchvision_and_says_so(monkeypatch):
+    import importlib.util
+
+    from flowrl.policies.qwen_image_edit import qwen_image_edit_problems
+
+    published = {"_class_name": "QwenImageEditPlusPipeline", "processor": ["transformers", "Qwen2VLProcessor"]}
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchvision" else find(name, *a))
+    problems = qwen_image_edit_problems(published, 1024 * 1024, 384 * 384, 8)
+    assert problems == ["policy.model: Qwen-Image-Edit's processor (transformers' Qwen2VLProcessor) needs torchvision; "
+                        "pip install 'flowrl[editing]' (or torchvision, the build that matches your torch)"]
+    assert qwen_image_edit_problems({**published, "processor": ["mypkg", "Processor"]}, 1024, 784, 0) == []
+
