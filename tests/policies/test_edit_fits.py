@@ -34,8 +34,8 @@ def edit_args(family, model_dir, out, records, *extra, method="flowrl.methods.Fl
     """``fit_edit.yaml`` with ``method`` (switched first, so that the policy's options below override it), the family's
     policy, model and tiny sizes, and the prompt records."""
     policy, _, sizes = FAMILIES[family]
-    return ["fit", "--config", str(HERE / "fit_edit.yaml"), f"--model.class_path={method}", f"{POLICY}.class_path={policy}",
-            f"{POLICY}.init_args.model={model_dir}", *sizes, f"--data.prompts={records}",
+    return ["fit", "--config", str(HERE / "fit_edit.yaml"), f"--model.class_path={method}",
+            f"{POLICY}.class_path={policy}", f"{POLICY}.init_args.model={model_dir}", *sizes, f"--data.prompts={records}",
             f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}", *extra]
 
 
@@ -63,6 +63,21 @@ def test_edit_fit_is_on_policy_and_its_export_loads_into_the_pipeline(family, mo
     assert trained and sorted(loaded) == sorted(trained)
     assert all(torch.equal(loaded[k], trained[k]) for k in trained)
     assert any(v.abs().sum() > 0 for k, v in trained.items() if "lora_B" in k)  # B starts at 0: it trained
+
+
+def test_full_finetuning_edit_fit_is_on_policy_and_exports_the_pipeline(flux_kontext_dir, tmp_path):
+    records = write_records(tmp_path / "data")
+    main(edit_args("kontext", flux_kontext_dir, tmp_path / "run", records, f"{POLICY}.init_args.lora=null",
+                   "--trainer.max_steps=2", *CHECKPOINT))
+    assert metrics(tmp_path / "run")["train/check_ratio_max_dev"] < 1e-5
+    ckpt = next((tmp_path / "run").rglob("*.ckpt"))
+    main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "full")])
+    trained = {k[len("policy.denoiser."):]: v for k, v in torch.load(ckpt, weights_only=False)["state_dict"].items()
+               if k.startswith("policy.denoiser.")}
+    loaded = FluxKontextPipeline.from_pretrained(tmp_path / "full").transformer.state_dict()
+    base = FluxKontextPipeline.from_pretrained(flux_kontext_dir).transformer.state_dict()
+    assert len(trained) > 20 and all(torch.equal(loaded[k], v) for k, v in trained.items())
+    assert any(not torch.equal(loaded[k], base[k]) for k in trained)  # trained, not the model it started from
 
 
 def test_the_same_edits_of_other_sources_are_rewarded_otherwise(flux_kontext_dir, tmp_path):
