@@ -30,7 +30,8 @@ from torch import Tensor
 from flowrl import advantages as adv_lib
 from flowrl.methods.batch import GATHERED, Batch, hook_value
 from flowrl.methods.distributed import Distributed
-from flowrl.methods.option_surface import at_least, checked_options, optimizer_problems, policy_guidance
+from flowrl.methods.option_surface import (at_least, checked_options, guidance_scale_problems,
+                                           optimizer_problems)
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import AGGREGATIONS
@@ -108,11 +109,7 @@ class BaseModule(Distributed):
         elif cls.raw_rewards and o.reward_aggregation != "sum":
             problems.append(f"model.reward_aggregation={o.reward_aggregation!r}: {cls.__name__} takes differences of "
                             "raw weighted rewards along a trajectory; use reward_aggregation: sum")
-        if o.guidance_scale != 1.0 and policy_guidance(o.policy) == "none":
-            problems.append(f"model.guidance_scale={o.guidance_scale}: the policy's model is step-distilled without "
-                            "guidance (no unconditional side, no guidance input), so guidance would do nothing; set "
-                            "model.guidance_scale: 1.0")
-        return problems + optimizer_problems(o.optimizer)
+        return problems + guidance_scale_problems(o.policy, o.guidance_scale) + optimizer_problems(o.optimizer)
 
     @classmethod
     def rollout_cost(cls, o) -> tuple[int, int]:
@@ -228,7 +225,8 @@ class BaseModule(Distributed):
     def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
         """Sample the batch's rows (conditioned by ``cond``'s rows ``batch["cond_rows"]``, by default row ``i`` by row
         ``i``) with the step kind's SDE on the ``sde_mask`` steps, then score the ODE completions of
-        ``completion_starts``."""
+        ``completion_starts``, each with its row's metadata (``batch["images"]``, like ``cond``, per conditioning
+        row)."""
         sigmas = self.policy.sigmas(self.num_steps).to(self.device)
         mask = self.sde_mask()
         cond_rows = batch.get("cond_rows", torch.arange(len(batch["seeds"]), device=self.device))

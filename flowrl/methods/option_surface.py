@@ -171,6 +171,19 @@ def named_adapter_problems(policy: Any, method: str) -> list[str]:
     return problems
 
 
+def guidance_scale_problems(policy: Any, guidance_scale: float) -> list[str]:
+    """A guidance scale other than 1 on a model without guidance (a step-distilled FLUX.2 [klein]: no unconditional
+    side, no guidance input) would do nothing: refused rather than ignored.
+
+    >>> guidance_scale_problems({"class_path": "flowrl.policies.TinyFlowPolicy"}, 4.5)
+    []
+    """
+    if guidance_scale == 1.0 or policy_guidance(policy) != "none":
+        return []
+    return [f"model.guidance_scale={guidance_scale}: the policy's model is step-distilled without guidance (no "
+            "unconditional side, no guidance input), so guidance would do nothing; set model.guidance_scale: 1.0"]
+
+
 def guidance_distillation_problems(policy: Any, teacher_guidance: float, surrogate_guidance: float) -> list[str]:
     """TDM-R1 distils classifier-free guidance into a few-step generator: a guidance-distilled model (guidance an
     input of the transformer) has no CFG pair to distil; a step-distilled one without guidance trains with its CFG
