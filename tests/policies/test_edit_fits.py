@@ -23,7 +23,8 @@ POLICY = "--model.init_args.policy"
 #: family: (policy class, plain pipeline, its tiny sizes)
 FAMILIES = {
     "qwen_edit": ("flowrl.policies.QwenImageEditPolicy", QwenImageEditPlusPipeline,
-                  [f"{POLICY}.init_args.source_area={SOURCE_AREA}", f"{POLICY}.init_args.condition_area={CONDITION_AREA}"]),
+                  [f"{POLICY}.init_args.source_area={SOURCE_AREA}",
+                   f"{POLICY}.init_args.condition_area={CONDITION_AREA}"]),
     "kontext": ("flowrl.policies.FluxKontextPolicy", FluxKontextPipeline,
                 [f"{POLICY}.init_args.source_area={32 * 48}", f"{POLICY}.init_args.max_sequence_length=16"]),
 }
@@ -35,8 +36,9 @@ def edit_args(family, model_dir, out, records, *extra, method="flowrl.methods.Fl
     policy, model and tiny sizes, and the prompt records."""
     policy, _, sizes = FAMILIES[family]
     return ["fit", "--config", str(HERE / "fit_edit.yaml"), f"--model.class_path={method}",
-            f"{POLICY}.class_path={policy}", f"{POLICY}.init_args.model={model_dir}", *sizes, f"--data.prompts={records}",
-            f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}", *extra]
+            f"{POLICY}.class_path={policy}", f"{POLICY}.init_args.model={model_dir}", *sizes,
+            f"--data.prompts={records}", f"--trainer.default_root_dir={out}",
+            f"--trainer.logger.init_args.save_dir={out}", *extra]
 
 
 @pytest.fixture
