@@ -52,6 +52,10 @@ FAMILIES = {
                       {"resolution": 32, "source_area": 32 * 32, "max_sequence_length": 16}, records=1),
     "wan": Family("flowrl.policies.WanPolicy", "wan_dirs",
                   {"height": 32, "width": 32, "num_frames": 9, "max_sequence_length": 16}, key="wan21"),
+    # Wan 2.1 image-to-video: a first frame per record (its attention splits 512 text tokens off)
+    "wan_i2v": Family("flowrl.policies.WanI2VPolicy", "wan_dirs",
+                      {"height": 32, "width": 32, "num_frames": 9, "max_sequence_length": 512}, records=1,
+                      key="wan21_i2v"),
 }
 
 #: method: (class path, options that keep its rollout small)
@@ -105,7 +109,8 @@ def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
     leaves = module.rollout_cost(bound_options(module, (), {**init, "policy": None})[0])[0]
     prompts = str(write_records(out / "data", sizes=((40, 48), (32, 32)), per_record=family.records)) \
         if family.records else PROMPTS
-    reward = ({"class_path": "flowrl.rewards.EditConsistency", "init_args": {"size": 8}} if family.records else
+    edits = family.records and "Wan" not in family.policy  # a video's first frame is not an edit's source
+    reward = ({"class_path": "flowrl.rewards.EditConsistency", "init_args": {"size": 8}} if edits else
               {"class_path": "flowrl.rewards.JpegIncompressibility"})
     return {"seed_everything": 3,
             "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 1, "enable_progress_bar": False,
