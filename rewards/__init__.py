@@ -12,7 +12,8 @@ from flowrl.rewards.reward_set import RewardSet
 #: public name -> the module that defines it (imported on first use, PEP 562)
 _LAZY = {
     "Aesthetic": "aesthetic", "AestheticHead": "aesthetic", "CLIPScore": "clip_score",
-    "DigitAlignment": "digit_alignment", "FunctionReward": "function", "HPSv2": "hps", "ImageReward": "image_reward",
+    "DigitAlignment": "digit_alignment", "EditConsistency": "edit_consistency", "FunctionReward": "function",
+    "HPSv2": "hps", "ImageReward": "image_reward", "ImageSimilarity": "image_similarity",
     "JpegCompressibility": "jpeg", "JpegIncompressibility": "jpeg", "jpeg_size_kb": "jpeg", "OcrReward": "ocr",
     "PickScore": "pickscore", "RemoteReward": "remote", "TemporalConsistency": "temporal_consistency",
     "VlmJudge": "vlm_judge",

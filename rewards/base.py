@@ -235,6 +235,23 @@ def metadata_rows(metadata: dict[str, Any], rows: slice, batch: int, repeat: int
     return {key: cut(value) for key, value in metadata.items()}
 
 
+def metadata_at(metadata: dict[str, Any], index: list[int], batch: int) -> dict[str, Any]:
+    """The rows ``index`` (in that order, repeats allowed) of every per-row value of ``metadata`` (a tensor with
+    ``batch`` rows, a list or tuple of ``batch`` items); other values whole.
+
+    >>> metadata_at({"seeds": torch.arange(3), "images": [[1], [2], [3]], "scale": 2.0}, [2, 2, 0], 3)
+    {'seeds': tensor([2, 2, 0]), 'images': [[3], [3], [1]], 'scale': 2.0}
+    """
+    def pick(value):
+        if torch.is_tensor(value) and value.ndim > 0 and value.shape[0] == batch:
+            return value[torch.as_tensor(index, dtype=torch.long, device=value.device)]
+        if isinstance(value, (list, tuple)) and len(value) == batch:
+            return [value[i] for i in index]
+        return value
+
+    return {key: pick(value) for key, value in metadata.items()}
+
+
 def reward_callbacks(callbacks: list[Callback]) -> list[RewardCallback]:
     """The reward callbacks among ``callbacks``, in order; raises if two share a name."""
     rewards = [c for c in callbacks if isinstance(c, RewardCallback)]

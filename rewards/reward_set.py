@@ -9,14 +9,14 @@ weighted total and which samples are valid (every score finite), the aggregation
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
 from flowrl.rewards.aggregate import aggregate, reward_tally, weighted_sum
-from flowrl.rewards.base import RewardCallback, reward_callbacks
+from flowrl.rewards.base import RewardCallback, metadata_at, reward_callbacks
 
 
 class RewardSet:
@@ -64,6 +64,13 @@ class RewardSet:
         total, valid = self.total(self.score(images, prompts, metadata))
         return torch.where(valid, total, torch.nan)
 
+    def row_scorer(self, metadata: dict[str, Any], rows: int) -> Callable[[Tensor, list[str], Tensor], Tensor]:
+        """``score(images [n, 3, H, W], prompts [n], row_ids [n]) -> [n]``: :meth:`total_score` of images that belong
+        to rows ``row_ids`` of a batch of ``rows`` rows whose per-row ``metadata`` they see (an ODE completion is
+        scored with its trajectory's source images, seed and group, as the trajectory's own image is)."""
+        return lambda images, prompts, row_ids: self.total_score(images, prompts,
+                                                                 metadata_at(metadata, row_ids.tolist(), rows))
+
     def aggregate(self, mode: str, scores: dict[str, Tensor], group_ids: Tensor, **options) -> tuple[Tensor, Tensor]:
         """The reward the estimator sees ``[B]`` (mode ``sum``, ``advantage_sum`` or ``gdpo``) and validity."""
         return aggregate(mode, scores, self.weights, group_ids, **options)
@@ -75,6 +82,22 @@ class RewardSet:
     def tally_keys(self) -> list[str]:
         """The keys of :meth:`tally`, in a fixed order (the same on every rank)."""
         return [f"{name}{suffix}" for name in [*self.names, "total"] for suffix in ("", "/count", "/nonfinite")]
+
+
+def row_metadata(group_ids: Tensor, seeds: Tensor, cond_rows: Tensor,
+                 images: Optional[list[list[Tensor]]] = None) -> dict[str, Any]:
+    """What a reward sees of a rollout's rows besides their images and prompts: each row's group id and seed and,
+    where prompt records carry them, its prompt's conditioning images (``images`` holds them per conditioning row, as
+    the encoded prompts; a row, a tree's leaf or a completion finds its own through ``cond_rows``).
+
+    >>> meta = row_metadata(torch.tensor([0, 0]), torch.tensor([5, 6]), torch.tensor([1, 1]), [["a"], ["b"]])
+    >>> meta["images"], meta["seeds"].tolist()
+    ([['b'], ['b']], [5, 6])
+    """
+    per_row = {"group_ids": group_ids, "seeds": seeds}
+    if images is not None:
+        per_row["images"] = [images[i] for i in cond_rows.tolist()]
+    return batch_metadata(per_row)
 
 
 def batch_metadata(batch: dict) -> dict[str, Any]:

@@ -10,6 +10,10 @@ image and reduces their scores (:mod:`flowrl.rewards.video_frames`). The score i
 ``max_score``: UnifiedReward's 1..5 becomes 0.2..1. A reply without a score, or with one outside
 ``[0, max_score]``, is an error that quotes the reply (Flow-GRPO scores it 0, which trains on a parser failure).
 
+Edits (``edit: true``): each request carries the row's source images (``metadata["images"]``, see
+:mod:`flowrl.rewards.edit_sources`), then the edited image, each as its own image part, with ``edit_template``'s
+rubric quoting the instruction; a batch without source images is refused with the fix.
+
 Transport: ``requests`` with urllib3's ``Retry``: refused connections, timeouts and 429/5xx answers are retried
 ``retries`` times with exponential backoff; any other 4xx fails at once; the final error names the URL. Up to
 ``max_concurrency`` requests are in flight at once.
@@ -33,6 +37,7 @@ from torch import Tensor
 from urllib3.util.retry import Retry
 
 from flowrl.rewards.base import RewardCallback
+from flowrl.rewards.edit_sources import sources
 from flowrl.rewards.pil_images import to_pil
 from flowrl.rewards.video_frames import DEFAULT_FRAMES, FrameSpec, frame_indices
 
@@ -58,6 +63,15 @@ UNIFIED_REWARD_STRIP_TEMPLATE = (
     "3. Temporal Consistency: Check that objects, scene and style stay coherent from frame to frame.\n"
     "Based on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
     "Your task is provided as follows:\nText Caption: [{prompt}]")
+# an edit's rubric (flowrl's wording, on UnifiedReward's pattern): the sources come first, the edited image last
+EDIT_TEMPLATE = (
+    "You are given one or more source images followed by an edited image, the last one, made from them by following "
+    "an editing instruction. Your task is to evaluate the edited image based on two key criteria:\n"
+    "1. Instruction Following: Assess how completely and accurately the edit carries out the instruction.\n"
+    "2. Consistency and Quality: Check that what the instruction does not ask to change is kept from the source "
+    "(identity, layout, background, style), and that the result is clear and free of artifacts.\n"
+    "Based on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
+    "Your task is provided as follows:\nInstruction: [{prompt}]")
 SCORE_PATTERN = r"Final Score:\s*\**\s*([-+]?\d+(?:\.\d+)?)"
 RETRIED_STATUS = (429, 500, 502, 503, 504)
 
@@ -111,6 +125,8 @@ class VlmJudge(RewardCallback):
         backoff: urllib3's backoff factor (seconds, doubling). max_concurrency: requests in flight.
         video: ``strip`` (a video's picked frames side by side, one request) or ``frames`` (each picked frame
             judged alone, the scores reduced). video_template: the strip's rubric (``{prompt}`` as above).
+        edit: judge edits: the row's source images go before the edited image, with ``edit_template``.
+        edit_template: the edit rubric (``{prompt}``: the instruction).
         weight, name, batch_size, frames, frame_reduction: as :class:`~flowrl.rewards.RewardCallback`.
     """
 
@@ -121,8 +137,8 @@ class VlmJudge(RewardCallback):
                  max_score: float = 5.0, image_size: Optional[int] = 512, temperature: float = 0.0,
                  max_tokens: Optional[int] = None, api_key_env: Optional[str] = None, timeout: float = 120.0,
                  retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8, video: str = "strip",
-                 video_template: str = UNIFIED_REWARD_STRIP_TEMPLATE, frames: FrameSpec = DEFAULT_FRAMES,
-                 frame_reduction: str = "mean"):
+                 video_template: str = UNIFIED_REWARD_STRIP_TEMPLATE, edit: bool = False,
+                 edit_template: str = EDIT_TEMPLATE, frames: FrameSpec = DEFAULT_FRAMES, frame_reduction: str = "mean"):
         super().__init__(weight, name, batch_size, frames, frame_reduction)
         problems = []
         if video not in ("strip", "frames"):
@@ -134,6 +150,8 @@ class VlmJudge(RewardCallback):
             problems.append(f"url={url!r} must look like http://host:port/v1")
         if "{prompt}" not in prompt_template:
             problems.append("prompt_template must contain '{prompt}' where the image's prompt goes")
+        if edit and "{prompt}" not in edit_template:
+            problems.append("edit_template must contain '{prompt}' where the edit instruction goes")
         try:
             if re.compile(score_pattern).groups < 1:
                 problems.append(f"score_pattern={score_pattern!r} needs a group around the number")
@@ -154,6 +172,7 @@ class VlmJudge(RewardCallback):
         self.image_size, self.temperature, self.max_tokens = image_size, temperature, max_tokens
         self.api_key_env, self.timeout, self.retries, self.backoff = api_key_env, timeout, retries, backoff
         self.max_concurrency, self.video, self.video_template = max_concurrency, video, video_template
+        self.edit, self.edit_template = edit, edit_template
 
     @property
     def takes_clips(self) -> bool:
@@ -170,12 +189,16 @@ class VlmJudge(RewardCallback):
             session.headers["Authorization"] = f"Bearer {os.environ[self.api_key_env]}"
         return session
 
-    def request_body(self, image: Image.Image, prompt: str, strip: bool = False) -> dict[str, Any]:
-        """The chat-completions request for one image, or a frame strip (already sized) with the video rubric."""
+    def request_body(self, image: Image.Image, prompt: str, strip: bool = False,
+                     sources: Optional[list[Image.Image]] = None) -> dict[str, Any]:
+        """The chat-completions request for one image, a frame strip (already sized) with the video rubric, or an
+        edit: its ``sources`` then the edited image, with the edit rubric."""
+        pictures = [*(sources or []), image]
         if self.image_size is not None and not strip:
-            image = image.resize((self.image_size, self.image_size), Image.BICUBIC)
-        template = self.video_template if strip else self.prompt_template
-        content = [{"type": "image_url", "image_url": {"url": png_data_url(image)}},
+            pictures = [p.resize((self.image_size, self.image_size), Image.BICUBIC) for p in pictures]
+        template = self.video_template if strip else self.edit_template if sources is not None else \
+            self.prompt_template
+        content = [*({"type": "image_url", "image_url": {"url": png_data_url(p)}} for p in pictures),
                    {"type": "text", "text": template.replace("{prompt}", prompt)}]
         body = {"model": self.model, "messages": [{"role": "user", "content": content}],
                 "temperature": self.temperature}
@@ -194,10 +217,12 @@ class VlmJudge(RewardCallback):
             strip.paste(picture, (sum(p.width for p in pictures[:i]), 0))
         return strip
 
-    def judge(self, session: requests.Session, image: Image.Image, prompt: str, strip: bool = False) -> str:
-        """The judge's reply text for one image or frame strip."""
+    def judge(self, session: requests.Session, image: Image.Image, prompt: str, strip: bool = False,
+              sources: Optional[list[Image.Image]] = None) -> str:
+        """The judge's reply text for one image, frame strip or edit."""
         try:
-            response = session.post(self.endpoint, json=self.request_body(image, prompt, strip), timeout=self.timeout)
+            response = session.post(self.endpoint, json=self.request_body(image, prompt, strip, sources),
+                                    timeout=self.timeout)
         except requests.RequestException as err:
             raise VlmJudgeError(f"VLM judge {self.endpoint} did not answer after {self.retries + 1} attempts "
                                 f"(timeout {self.timeout}s each): {err}") from err
@@ -211,8 +236,13 @@ class VlmJudge(RewardCallback):
 
     def _score(self, images: Tensor, prompts: list[str], metadata: dict[str, Any]) -> Tensor:
         strip = images.ndim == 5 and images.shape[1] > 1  # clips (a one-frame clip is an image)
+        if self.edit and strip:
+            raise ValueError(f"reward {self.name!r} judges edits of images; videos go without edit: true")
         pictures = [self.frame_strip(clip) for clip in images] if strip else to_pil(images.flatten(0, -4))
+        edits = ([[to_pil(s[None])[0] for s in row] for row in sources(metadata, len(prompts), self.name)]
+                 if self.edit else [None] * len(prompts))
         with self._session() as session, ThreadPoolExecutor(min(self.max_concurrency, len(prompts))) as pool:
-            replies = list(pool.map(lambda pair: self.judge(session, *pair, strip), zip(pictures, prompts)))
+            replies = list(pool.map(lambda row: self.judge(session, row[0], row[1], strip, row[2]),
+                                    zip(pictures, prompts, edits)))
         return torch.tensor([parse_score(r, self.score_pattern, self.max_score) for r in replies],
                             dtype=torch.float32)

@@ -1,19 +1,19 @@
 """Per-adapter overhead of flowrl against the bare model calls it wraps, and the memory of its trajectory buffer.
 
-    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15 qwen_image flux2 zimage wan21
-        wan22] [--batch 8] [--steps 10] [--repeats 5] [--frames 1 5 9 17]
+    OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15 qwen_image flux2 zimage qwen_edit
+        kontext wan21 wan22] [--batch 8] [--steps 10] [--repeats 5] [--frames 1 5 9 17]
 
-For each policy adapter at tiny size (the embedded ``flowrl/tiny-digits``; random-weight SD3, FLUX.1, SD1.5,
-Qwen-Image, FLUX.2 [klein] base and Z-Image pipelines built as the tests build them, saved to a temporary folder and
-loaded through the adapter's ``from_pretrained`` path), side by side in one process with the calls interleaved (as
-``bench_overhead.py``):
+For each policy adapter at tiny size (the embedded ``flowrl/tiny-digits``; random-weight pipelines built as the tests
+build them, saved to a temporary folder and loaded through the adapter's ``from_pretrained`` path), side by side in
+one process with the calls interleaved (as ``bench_overhead.py``):
 
 - rollout: ``FlowGRPO.rollout`` (seeded per-sample noise, the SDE step, log-probs, every state recorded) against a
   bare loop of the denoiser calls: the CFG batch with an Euler update (tiny, SD3), the transformer on packed latents
   with embedded guidance and no CFG batch (FLUX, as ``FluxPipeline``), the UNet's CFG epsilon with the DDIM update
   (SD1.5), the new families' transformers as their pipelines call them (``bench_family_calls.py``: packed
   latents, masks and the norm rescale for Qwen-Image, tokens and position ids for FLUX.2, lists of latents and
-  unpadded captions at reversed time for Z-Image), each Wan expert on its rows' steps with CFG (``bench_wan.py``);
+  unpadded captions at reversed time for Z-Image), the editing families' transformers on the noisy and source
+  tokens (``bench_edit_calls.py``), each Wan expert on its rows' steps with CFG (``bench_wan.py``);
 - training: ``PPOUpdate.pair_loss`` forward+backward over every trained (sample, step) pair in micro-batches against
   a bare forward+backward of the same micro-batches (mean-square loss on the guided output);
 - memory: bytes of the ``Rollout`` tensors (each storage counted once, at its full size) against the ``B x (T+1) x
@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -38,32 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' pipel
 from flowrl.methods.flow_grpo import FlowGRPO  # noqa: E402
 from flowrl.policies import LoraOptions  # noqa: E402
 from flowrl.policies.base import FlowPolicy  # noqa: E402
-from flowrl.sampling.rollout import Rollout  # noqa: E402
+from scripts.bench_buffer import buffer_bytes, latent_bytes  # noqa: E402
 from scripts.bench_overhead import timed  # noqa: E402
 from scripts.bench_wan import frames_report, wan_model  # noqa: E402
 
-MODELS = ("tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "wan21", "wan22")
-
-
-def buffer_bytes(rollout: Rollout) -> int:
-    """Bytes held by the rollout's tensors, each storage once and at its full size (a view of a larger tensor costs
-    the larger tensor; an expanded view costs only what it expands)."""
-    storages = {}
-    for f in fields(rollout):
-        value = getattr(rollout, f.name)
-        for t in value.values() if isinstance(value, dict) else [value]:
-            if torch.is_tensor(t):
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(storages.values())
-
-
-def latent_bytes(batch: int, num_steps: int, latent_shape: tuple[int, ...]) -> int:
-    """The float32 states a trajectory buffer must hold: ``B x (T+1) x latent numel x 4``.
-
-    >>> latent_bytes(2, 3, (1, 2, 2))
-    128
-    """
-    return batch * (num_steps + 1) * torch.Size(latent_shape).numel() * 4
+MODELS = ("tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "qwen_edit", "kontext", "wan21", "wan22")
 
 
 @dataclass
@@ -167,8 +146,10 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
         path = save_pipeline(FluxPipeline, flux_components, root / "flux")
         policy = FluxPolicy(str(path), lora=lora, resolution=32, max_sequence_length=8)
         return policy, flux_transformer, "flow_grpo", 0.7
-    if name in ("qwen_image", "flux2", "zimage"):
-        return (*new_family(name, root, lora), "flow_grpo", 0.7)
+    if name in ("qwen_image", "flux2", "zimage", "qwen_edit", "kontext"):
+        from scripts.bench_edit_calls import EDIT_MODELS, edit_model
+
+        return (*(edit_model if name in EDIT_MODELS else new_family)(name, root, lora), "flow_grpo", 0.7)
     if name == "sd15":
         from flowrl.policies import SD15Policy
         from tests.policies.tiny_sd15 import save_sd15
@@ -205,8 +186,11 @@ def measure(name: str, root: Path, batch: int, steps: int, micro_batch: int, rep
     method = FlowGRPO(policy, num_steps=steps, guidance_scale=guidance, step_kind=step_kind,
                       noise_level=noise_level, micro_batch_size=micro_batch)
     prompts = ["a red cat on the tree", "a photo of a blue dog"] * (batch // 2) + ["a green tree"] * (batch % 2)
-    data = {"prompts": prompts, "seeds": torch.arange(batch), "group_ids": torch.arange(batch) // 2}
-    cond = policy.encode(prompts)
+    from scripts.bench_edit_calls import edit_images
+
+    images = edit_images(name, prompts)  # an edit's sources (None: text to image)
+    data = {"prompts": prompts, "seeds": torch.arange(batch), "group_ids": torch.arange(batch) // 2, "images": images}
+    cond = policy.encode(prompts, images=images)
     sigmas = policy.sigmas(steps)
     bare = make_bare(policy, cond, sigmas, guidance)
     noise = bare.layout(torch.randn(batch, *policy.latent_shape()))

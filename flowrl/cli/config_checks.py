@@ -1,6 +1,7 @@
 """Checks of a parsed (not yet instantiated) ``fit`` or ``predict`` config, run before any class, and so any weight,
-is loaded: the method's options (every class's ``check_options``), the batch geometry, the schedule, the data files,
-the model path, the checkpoint and the strategy. Each problem names the key and the fix; all are raised together.
+is loaded: the method's options (every class's ``check_options``), the batch geometry, the schedule, the data files
+and their images against the policy's (an edit's sources), the model path, the checkpoint and the strategy. Each
+problem names the key and the fix; all are raised together.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from flowrl.data import GroupLayout, load_prompts
 from flowrl.methods.base import BaseModule
 from flowrl.methods.option_surface import bound_options, option_problems
 from flowrl.model_paths import model_problems
+from flowrl.prompt_records import config_record_problems
 from flowrl.strategies.checks import strategy_problems
 
 
@@ -67,6 +69,7 @@ def config_problems(config: Any) -> list[str]:
             problems.append(f"data.{key}={source!r} does not exist (relative paths start at {Path.cwd()}); {fix}")
     if ckpt := config.get("ckpt_path"):
         problems += checkpoint_problems(str(ckpt))
+    problems += config_record_problems(config)  # images the policy takes (an edit's sources) or does not
     return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
 
 
@@ -149,4 +152,4 @@ def predict_problems(config: Any) -> list[str]:
     if isinstance(source, str) and not Path(source).expanduser().is_file():
         return [f"prompts {source!r} do not exist (relative paths start at {Path.cwd()}); give a .txt/.jsonl file or "
                 "a list of prompts"]
-    return []
+    return config_record_problems(config)

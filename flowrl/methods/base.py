@@ -30,11 +30,12 @@ from torch import Tensor
 from flowrl import advantages as adv_lib
 from flowrl.methods.batch import GATHERED, Batch, hook_value
 from flowrl.methods.distributed import Distributed
-from flowrl.methods.option_surface import at_least, checked_options, optimizer_problems
+from flowrl.methods.option_surface import (at_least, checked_options, guidance_scale_problems,
+                                           optimizer_problems)
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import AGGREGATIONS
-from flowrl.rewards.reward_set import batch_metadata
+from flowrl.rewards.reward_set import row_metadata
 from flowrl.sampling.completions import Completions
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import sample, sde_steps
@@ -108,7 +109,7 @@ class BaseModule(Distributed):
         elif cls.raw_rewards and o.reward_aggregation != "sum":
             problems.append(f"model.reward_aggregation={o.reward_aggregation!r}: {cls.__name__} takes differences of "
                             "raw weighted rewards along a trajectory; use reward_aggregation: sum")
-        return problems + optimizer_problems(o.optimizer)
+        return problems + guidance_scale_problems(o.policy, o.guidance_scale) + optimizer_problems(o.optimizer)
 
     @classmethod
     def rollout_cost(cls, o) -> tuple[int, int]:
@@ -170,14 +171,13 @@ class BaseModule(Distributed):
         parts, pending = [], []
         for start in range(0, size, step):
             rows = slice(start, min(start + step, size))
-            chunk = {k: v[rows] if isinstance(v, (list, Tensor)) else v for k, v in batch.items()}
+            # images stay per conditioning row, as cond: a row (a leaf, a completion) finds its own by cond_rows
+            chunk = {k: v[rows] if isinstance(v, (list, Tensor)) and k != "images" else v for k, v in batch.items()}
             chunk["cond_rows"] = torch.arange(rows.start, rows.stop, device=self.device)
             part = self.rollout(chunk, cond)
             part.images = self.policy.decode(part.final())
-            per_row = {"group_ids": part.group_ids, "seeds": part.seeds}  # per rollout row (a tree: per leaf)
-            if "images" in batch:  # each row's prompt's images, through the row's conditioning row
-                per_row["images"] = [batch["images"][i] for i in part.cond_rows.tolist()]
-            pending.append(self.reward_set.submit(part.images, part.prompts, batch_metadata(per_row)))
+            metadata = row_metadata(part.group_ids, part.seeds, part.cond_rows, batch.get("images"))
+            pending.append(self.reward_set.submit(part.images, part.prompts, metadata))
             parts.append(part)
         rollout = Rollout.cat(parts) if len(parts) > 1 else parts[0]
         rollout.rewards = self.reward_set.collect(pending)
@@ -228,7 +228,8 @@ class BaseModule(Distributed):
     def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
         """Sample the batch's rows (conditioned by ``cond``'s rows ``batch["cond_rows"]``, by default row ``i`` by row
         ``i``) with the step kind's SDE on the ``sde_mask`` steps, then score the ODE completions of
-        ``completion_starts``."""
+        ``completion_starts``, each with its row's metadata (``batch["images"]``, like ``cond``, per conditioning
+        row)."""
         sigmas = self.policy.sigmas(self.num_steps).to(self.device)
         mask = self.sde_mask()
         cond_rows = batch.get("cond_rows", torch.arange(len(batch["seeds"]), device=self.device))
@@ -245,10 +246,11 @@ class BaseModule(Distributed):
                           nfe=torch.full((size,), self.num_steps, device=self.device),
                           velocities=torch.stack(velocities, 1) if reuse else None)
         starts = self.completion_starts()
-        if starts is not None:
+        if starts is not None:  # each completion scored with its trajectory's metadata (an edit: its sources)
+            metadata = row_metadata(rollout.group_ids, rollout.seeds, rollout.cond_rows, batch.get("images"))
             rollout.completion_rewards, nfe = self.completions.score(
                 rollout, starts, self.velocity_fn(cond, rollout.cond_rows), self.policy.decode,
-                self.reward_set.total_score, ODE_STEPS[self.policy.prediction])
+                self.reward_set.row_scorer(metadata, size), ODE_STEPS[self.policy.prediction])
             rollout.nfe = rollout.nfe + nfe
         return rollout
 

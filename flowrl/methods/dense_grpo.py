@@ -24,6 +24,7 @@ from flowrl.methods.flow_grpo import FlowGRPO
 from flowrl.policies.base import FlowPolicy
 from flowrl.sampling.completions import Completions
 from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
+from flowrl.sampling.steps import MAX_NOISE_LEVEL
 
 _CALIBRATION_SEED_OFFSET = 1 << 40  # calibration noise never repeats a training sample's seed
 
@@ -68,7 +69,14 @@ class DenseGRPO(FlowGRPO):
     def check_options(cls, o) -> list[str]:
         problems = Completions(o.completion_steps, o.completion_chunk_size, o.reward_chunk_size).problems()
         calibration = NoiseCalibration(**o.calibration) if isinstance(o.calibration, dict) else o.calibration
-        return problems + (calibration.problems() if calibration is not None else [])
+        if calibration is None:
+            return problems
+        rise = calibration.iterations * calibration.eps2  # the most calibration can add to a step's noise scale
+        if (bound := MAX_NOISE_LEVEL.get(o.step_kind)) is not None and o.noise_level <= bound < o.noise_level + rise:
+            problems.append(f"model.calibration may raise the {o.step_kind} step's noise level (model.noise_level="
+                            f"{o.noise_level}) by up to iterations x eps2 = {rise:g}, past {bound:g}, where the step "
+                            f"is undefined; set model.noise_level <= {bound - rise:g} or calibration: null")
+        return problems + calibration.problems()
 
     # -- hooks ---------------------------------------------------------------------------------------------
 
@@ -106,13 +114,14 @@ class DenseGRPO(FlowGRPO):
                              f"{world} processes (each samples an equal share)")
         local = options.samples // world
         pool = self._calibration_prompt_pool(batch)
-        prompts = [pool[(rank * local + i) % len(pool)] for i in range(local)]
-        cond = self.encode({"prompts": prompts})
+        prompts, images = zip(*[pool[(rank * local + i) % len(pool)] for i in range(local)])
+        records = {"prompts": list(prompts), "images": None if images[0] is None else list(images)}
+        cond = self.encode(records)
         self.policy.eval()
         self.calibrated = True  # sample with psi from here on
         for iteration in range(options.iterations):
             first = _CALIBRATION_SEED_OFFSET + self.seed * 1_000_003 + iteration * options.samples + rank * local
-            part = {"prompts": prompts, "group_ids": torch.zeros(local, dtype=torch.long, device=self.device),
+            part = {**records, "group_ids": torch.zeros(local, dtype=torch.long, device=self.device),
                     "seeds": torch.arange(first, first + local)}
             rollout = self.rollout_and_score(part, cond)
             self.unlogged_evaluations += float(rollout.nfe.sum())  # counted in the next rollout/evaluations
@@ -124,14 +133,18 @@ class DenseGRPO(FlowGRPO):
         rank_zero_info(f"DenseGRPO calibrated noise scales psi(k): {[round(x, 4) for x in self.noise_scales.tolist()]}")
         return self.noise_scales
 
-    def _calibration_prompt_pool(self, batch: dict) -> list[str]:
-        """The global batch's distinct prompts in prompt-id order (the same for any number of processes); the
-        local batch's prompts where the data module does not expose ``prompts`` and ``prompt_ids``."""
-        texts = getattr(getattr(self.trainer, "datamodule", None), "prompts", None)
+    def _calibration_prompt_pool(self, batch: dict) -> list[tuple[str, Optional[list[Tensor]]]]:
+        """The global batch's distinct prompt records (prompt, and its images or None) in prompt-id order (the same
+        for any number of processes); the local batch's where the data module does not expose ``prompts`` and
+        ``prompt_ids``."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        texts = getattr(datamodule, "prompts", None)
         if texts is None or "prompt_ids" not in batch:
-            return list(batch["prompts"])
+            return list(zip(batch["prompts"], batch.get("images") or [None] * len(batch["prompts"])))
         ids = batch["prompt_ids"].to(self.device)
-        return [texts[i] for i in self.gather(ids, self.rank_sizes(len(ids))).unique().tolist()]
+        ids = self.gather(ids, self.rank_sizes(len(ids))).unique().tolist()
+        loader = getattr(datamodule, "train_images", None)  # an edit's sources, an image-to-video's first frame
+        return list(zip([texts[i] for i in ids], loader(ids) if loader is not None else [None] * len(ids)))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)

@@ -108,6 +108,27 @@ def policy_prediction(policy: Any) -> Optional[str]:
     return getattr(cls, "prediction", None)
 
 
+def policy_guidance(policy: Any) -> Optional[str]:
+    """How the policy guides (``FlowPolicy.guidance_kind``: ``cfg``, ``embedded`` or ``none``), from the adapter or
+    its parsed config (the model folder's configs, no weights); None when unknown.
+
+    >>> policy_guidance({"class_path": "flowrl.policies.TinyFlowPolicy"}), policy_guidance(None)
+    ('cfg', None)
+    """
+    if hasattr(policy, "guidance_kind") and not isinstance(policy, dict):
+        return policy.guidance_kind
+    path = policy.get("class_path") if isinstance(policy, dict) else None
+    if not isinstance(path, str) or "." not in path:
+        return None
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not hasattr(cls, "guidance_kind_of"):
+        return None
+    declared = inspect.signature(cls.__init__).parameters.get("model")
+    model = (plain(policy.get("init_args")) or {}).get("model", declared.default if declared else None)
+    return cls.guidance_kind_of(model if isinstance(model, str) else None)
+
+
 def policy_trains_lora(policy: Any) -> Optional[bool]:
     """Whether the policy (an adapter or its parsed config) trains LoRA adapters; None when the config does not say
     (the adapter's default, LoRA, applies).
@@ -148,3 +169,33 @@ def named_adapter_problems(policy: Any, method: str) -> list[str]:
         problems.append(f"model.policy predicts {predicts}: {method}'s losses need a flow (velocity) model such as "
                         "SD3Policy, FluxPolicy or TinyFlowPolicy")
     return problems
+
+
+def guidance_scale_problems(policy: Any, guidance_scale: float) -> list[str]:
+    """A guidance scale other than 1 on a model without guidance (a step-distilled FLUX.2 [klein]: no unconditional
+    side, no guidance input) would do nothing: refused rather than ignored.
+
+    >>> guidance_scale_problems({"class_path": "flowrl.policies.TinyFlowPolicy"}, 4.5)
+    []
+    """
+    if guidance_scale == 1.0 or policy_guidance(policy) != "none":
+        return []
+    return [f"model.guidance_scale={guidance_scale}: the policy's model is step-distilled without guidance (no "
+            "unconditional side, no guidance input), so guidance would do nothing; set model.guidance_scale: 1.0"]
+
+
+def guidance_distillation_problems(policy: Any, teacher_guidance: float, surrogate_guidance: float) -> list[str]:
+    """TDM-R1 distils classifier-free guidance into a few-step generator: a guidance-distilled model (guidance an
+    input of the transformer) has no CFG pair to distil; a step-distilled one without guidance trains with its CFG
+    terms at 1 (the teacher's conditional velocity and the surrogate alone)."""
+    kind = policy_guidance(policy)
+    if kind == "embedded":
+        return ["model.policy: its model is guidance-distilled (FLUX.1 [dev], FLUX.1 Kontext [dev], FLUX.2 [dev]: "
+                "guidance is an input of the transformer, with no unconditional side), and TDM-R1 distils "
+                "classifier-free guidance into a few-step generator; use a model with CFG (SD3.5, Qwen-Image, "
+                "Z-Image, FLUX.2 [klein] base, Qwen-Image-Edit, Wan) or a step-distilled FLUX.2 [klein] with "
+                "teacher_guidance and surrogate_guidance 1"]
+    if kind == "none" and (teacher_guidance != 1.0 or surrogate_guidance != 1.0):
+        return [f"model.teacher_guidance={teacher_guidance} / surrogate_guidance={surrogate_guidance}: the policy's "
+                "model is step-distilled without an unconditional side, so there is no CFG to form; set both to 1.0"]
+    return []

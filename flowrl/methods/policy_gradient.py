@@ -24,7 +24,7 @@ from flowrl.methods.option_surface import at_least, policy_prediction
 from flowrl.policies.base import CFG_GRADIENTS, Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import trained_steps
-from flowrl.sampling.steps import ODE_STEPS, PREDICTIONS, STEPS, StepOutput, get_step
+from flowrl.sampling.steps import MAX_NOISE_LEVEL, ODE_STEPS, PREDICTIONS, STEPS, StepOutput, get_step
 from flowrl.training.ppo_update import PPOUpdate, UpdateBatch
 
 
@@ -82,6 +82,9 @@ class PolicyGradient(BaseModule):
             problems.append(f"model.noise_level={o.noise_level} must be > 0: the SDE step's std is proportional to it, "
                             "and 0 or less gives NaN log-probs (use the ODE for deterministic sampling; 0.7 is "
                             "Flow-GRPO's)")
+        if o.noise_level > MAX_NOISE_LEVEL.get(o.step_kind, float("inf")):
+            problems.append(f"model.noise_level={o.noise_level} exceeds {MAX_NOISE_LEVEL[o.step_kind]:g}, the largest "
+                            f"the {o.step_kind} step is defined for (DDIM's eta); lower it")
         problems += at_least(o, 0, ("beta",), hint=" (the KL penalty's coefficient; 0 disables it)")
         if o.kl_convention not in losses.KL_CONVENTIONS:
             problems.append(f"model.kl_convention={o.kl_convention!r}: choose one of {list(losses.KL_CONVENTIONS)} "

@@ -39,7 +39,7 @@ from flowrl.losses.tdm import (fake_score_loss, frozen_rows, generator_loss, gro
                                renoise, renoise_sigma, surrogate_target)
 from flowrl.methods.base import BaseModule
 from flowrl.methods.batch import Batch
-from flowrl.methods.option_surface import at_least, named_adapter_problems
+from flowrl.methods.option_surface import at_least, guidance_distillation_problems, named_adapter_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import branch_seed, seeded_noise
@@ -107,6 +107,7 @@ class TDMR1(BaseModule):
     @classmethod
     def check_options(cls, o) -> list[str]:
         problems = named_adapter_problems(o.policy, "TDM-R1")
+        problems += guidance_distillation_problems(o.policy, o.teacher_guidance, o.surrogate_guidance)
         if o.guidance_scale != 1.0:
             problems.append(f"model.guidance_scale={o.guidance_scale}: TDM-R1's generator samples without CFG (its "
                             "CFG-as-reward term trains the guidance into it); use 1.0 and set model.teacher_guidance")
@@ -264,8 +265,11 @@ class TDMR1(BaseModule):
                 with torch.no_grad():
                     z_tau, _, _ = renoise(z_next, sigma_next.expand(n), tau.expand(n),
                                           self._noise(r.seeds[rows], 2, i))
-                    targets = {"real_cond": self.x0(None, z_tau, tau, c), "fake": self.x0("fake_score", z_tau, tau, c),
-                               "real_uncond": self.x0(None, z_tau, tau, c.unconditional())}
+                    real = self.x0(None, z_tau, tau, c)
+                    # at teacher_guidance 1 the CFG term is the conditional velocity's: no unconditional evaluation
+                    # (a step-distilled model has none)
+                    uncond = real if self.teacher_guidance == 1.0 else self.x0(None, z_tau, tau, c.unconditional())
+                    targets = {"real_cond": real, "fake": self.x0("fake_score", z_tau, tau, c), "real_uncond": uncond}
                     if j < self.trunc_steps:  # the surrogate's direction, from noise shared by the group
                         z_s, _, _ = renoise(z_next, sigma_next.expand(n), tau_s.expand(n),
                                             self._noise(r.group_ids[rows], 3, i))

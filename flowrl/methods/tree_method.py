@@ -19,6 +19,7 @@ from flowrl.methods.option_surface import at_least
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
+from flowrl.sampling.steps import MAX_NOISE_LEVEL
 from flowrl.sampling.tree import TreeShape, sample_trees
 
 
@@ -44,13 +45,31 @@ class TreeMethod(PolicyGradient):
     def check_options(cls, o) -> list[str]:
         """
         >>> from types import SimpleNamespace
-        >>> TreeMethod.check_options(SimpleNamespace(completion_steps=None, tree_chunk_size=0, advantage_group="seed"))
+        >>> TreeMethod.check_options(SimpleNamespace(completion_steps=None, tree_chunk_size=0, advantage_group="seed",
+        ...                                         step_kind="flow_grpo", noise_level=0.7))
         ['model.tree_chunk_size=0 must be >= 1 (or null)', "model.advantage_group='seed': choose 'tree' or 'prompt'"]
         """
         problems = at_least(o, 1, ("completion_steps", "tree_chunk_size"), hint=" (or null)")
         if o.advantage_group not in ("tree", "prompt"):
             problems.append(f"model.advantage_group={o.advantage_group!r}: choose 'tree' or 'prompt'")
-        return problems
+        return problems + cls._branch_noise_problems(o)
+
+    @classmethod
+    def _branch_noise_problems(cls, o) -> list[str]:
+        """A tree scales the SDE's noise level at its branching steps; a step kind with a largest level (DDIM's eta)
+        must stay within it there too."""
+        bound = MAX_NOISE_LEVEL.get(o.step_kind)
+        if bound is None:
+            return []
+        try:
+            peak = o.noise_level * max(cls.shape_of(o).noise_scale)
+        except (NotImplementedError, ValueError, TypeError, IndexError):  # no shape, or options its check refuses
+            return []
+        if peak <= bound or o.noise_level > bound:  # the level itself: PolicyGradient's check says it
+            return []
+        return [f"model.noise_level={o.noise_level} times the tree's noise scale at its branching steps reaches "
+                f"{peak:g}, past {bound:g}, the largest the {o.step_kind} step is defined for; lower noise_level (or "
+                "the method's branch noise scale)"]
 
     @classmethod
     def shape_of(cls, o, batch: int = 0) -> TreeShape:

@@ -64,7 +64,18 @@ class FluxPolicy(PipelinePolicy):
             path, subfolder="text_encoder_2", dtype=self.torch_dtype).eval()
         self.denoiser = FluxTransformer2DModel.from_pretrained(path, subfolder="transformer",
                                                                torch_dtype=self.denoiser_dtype)
+        self.guidance_kind = "embedded" if self.denoiser.config.guidance_embeds else "none"  # [dev]; [schnell]
         self._finish_setup()
+
+    @classmethod
+    def guidance_kind_of(cls, model: Optional[str]) -> Optional[str]:
+        """``embedded`` for FLUX.1 [dev] and Kontext [dev] (guidance-distilled), ``none`` for [schnell]."""
+        try:
+            config = FluxTransformer2DModel.load_config(resolve_model(model), subfolder="transformer",
+                                                        local_files_only=True)
+        except (OSError, ValueError):  # not a local folder nor cached: the model check says why
+            return None
+        return "embedded" if config.get("guidance_embeds") else "none"
 
     def components(self) -> dict:
         return dict(transformer=self.denoiser, scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder,
@@ -87,11 +98,17 @@ class FluxPolicy(PipelinePolicy):
         ``cfg_gradient`` has nothing to choose between)."""
         return self._forward(latents, sigma, cond, guidance_scale)
 
-    def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0) -> Tensor:
+    def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float = 1.0,
+                 source: Optional[Tensor] = None, source_ids: Optional[Tensor] = None) -> Tensor:
+        """One evaluation; ``source [B, N, 4C]`` and ``source_ids [N, 3]``: tokens appended after the image's (an
+        edit's source, FLUX.1 Kontext), whose outputs are dropped."""
         b, c, h, w = latents.shape
         dtype, device = self.denoiser_dtype, latents.device
         packed = FluxPipeline._pack_latents(latents.to(dtype), b, c, h, w)  # [B, h/2 * w/2, 4C]
         image_ids = FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, device, dtype)
+        if source is not None:
+            packed = torch.cat([packed, source.to(dtype)], 1)
+            image_ids = torch.cat([image_ids, source_ids.to(device, dtype)], 0)
         embeds, pooled = cond.embeds, cond.pooled
         text_ids = torch.zeros(embeds.shape[1], 3, device=device, dtype=dtype)
         guidance = None
@@ -102,7 +119,7 @@ class FluxPolicy(PipelinePolicy):
                                 pooled_projections=pooled.to(dtype), encoder_hidden_states=embeds.to(dtype),
                                 txt_ids=text_ids, img_ids=image_ids, return_dict=False)[0]
         scale = self.vae_scale_factor
-        return FluxPipeline._unpack_latents(out, h * scale, w * scale, scale).float()
+        return FluxPipeline._unpack_latents(out[:, :(h // 2) * (w // 2)], h * scale, w * scale, scale).float()
 
     def latent_shape(self) -> tuple[int, ...]:
         size = 2 * (self.resolution // (self.vae_scale_factor * 2))

@@ -69,6 +69,17 @@ def flux2_problems(pipeline: str, resolution: int, vae_factor: int, max_sequence
     return problems
 
 
+def flux2_guidance(index: dict, transformer_config: dict) -> str:
+    """``embedded`` ([dev]: the guidance input), ``none`` (step-distilled [klein]) or ``cfg`` ([klein] base).
+
+    >>> flux2_guidance({"is_distilled": True}, {"guidance_embeds": False}), flux2_guidance({}, {})
+    ('none', 'cfg')
+    """
+    if transformer_config.get("guidance_embeds"):
+        return "embedded"
+    return "none" if index.get("is_distilled") else "cfg"
+
+
 def _text_encoder(pipeline: str, path: str, dtype: torch.dtype):
     """[klein]: Qwen3 and its tokenizer; [dev]: Mistral-Small-3.1 and its processor (chat template with images)."""
     if pipeline == "Flux2Pipeline":
@@ -121,8 +132,19 @@ class Flux2Policy(PaddedPromptPolicy):
                                                                 torch_dtype=self.denoiser_dtype)
         # true CFG only for the [klein] base models: step-distilled [klein] and guidance-distilled [dev] have none
         self.classifier_free = not (self.is_distilled or self.denoiser.config.guidance_embeds)
+        self.guidance_kind = flux2_guidance(index, self.denoiser.config)
         self.default_lora_targets = flux2_lora_targets(len(self.denoiser.single_transformer_blocks))
         self._finish_setup()
+
+    @classmethod
+    def guidance_kind_of(cls, model: Optional[str]) -> Optional[str]:
+        try:
+            path = resolve_model(model)
+            index = DiffusionPipeline.load_config(path, local_files_only=True)
+            config = Flux2Transformer2DModel.load_config(path, subfolder="transformer", local_files_only=True)
+        except (OSError, ValueError):  # not a local folder nor cached: the model check says why
+            return None
+        return flux2_guidance(index, config)
 
     def components(self) -> dict:
         parts = dict(transformer=self.denoiser, scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder,

@@ -81,3 +81,11 @@ def shard_policy(policy: nn.Module, mesh, reshard_after_forward: bool = True) ->
         fully_shard(denoiser, mesh=mesh, reshard_after_forward=reshard_after_forward)
         sharded.append(attr)
     return sharded
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """Whether ``module`` is an FSDP2 unit (every forward all-gathers its weights: a collective all ranks must make
+    the same number of times)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)

@@ -15,7 +15,6 @@ and at the end, which the sampler's transitions and log-probs would not see), an
 
 from __future__ import annotations
 
-import hashlib
 from typing import Optional
 
 import torch
@@ -24,16 +23,11 @@ from torch import Tensor
 
 from flowrl.policies.base import Conditioning
 from flowrl.policies.pipeline_policy import PromptCache
+from flowrl.policies.source_latents import image_key
 from flowrl.policies.wan import WanPolicy
 
 #: the text tokens Wan 2.1's I2V attention expects (diffusers' WanAttnProcessor splits image tokens off by it)
 I2V_TEXT_TOKENS = 512
-
-
-def image_key(image: Tensor) -> str:
-    """A key for an image's 8-bit pixels (what the pipeline would read), shape included."""
-    pixels = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
-    return f"{tuple(pixels.shape)}:{hashlib.sha1(pixels.numpy().tobytes()).hexdigest()}"
 
 
 class WanI2VPolicy(WanPolicy):

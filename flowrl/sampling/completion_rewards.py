@@ -12,8 +12,10 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-#: ``score(images [n, 3, H, W] in [0, 1], prompts [n]) -> [n]``: the (weighted) total reward of each image.
-ScoreFn = Callable[[Tensor, list[str]], Tensor]
+#: ``score(images [n, 3, H, W] in [0, 1], prompts [n], rows [n]) -> [n]``: the (weighted) total reward of each image;
+#: ``rows`` are the trajectories the images belong to (what picks each image's per-row reward metadata, such as an
+#: edit's source images).
+ScoreFn = Callable[[Tensor, list[str], Tensor], Tensor]
 
 
 @torch.no_grad()
@@ -26,14 +28,15 @@ def completion_rewards(decode: Callable[[Tensor], Tensor], latents: Tensor, prom
         latents: ``[B, K, *shape]``, e.g. the completions of steps ``0..T-1`` followed by the final latent, which
             gives ``R[b, k]`` for ``k = 0..T``.
         prompts: ``[B]``, the prompt of each trajectory (shared by its ``K`` images).
-        score: see :data:`ScoreFn`. chunk_size: images per decode + score call; None: all ``B * K`` at once.
+        score: see :data:`ScoreFn` (its ``rows`` index ``prompts``). chunk_size: images per decode + score call;
+            None: all ``B * K`` at once.
     Returns:
         ``[B, K]`` float32 (non-finite scores are kept: the caller decides what an invalid reward means).
 
     >>> latents = torch.arange(6.0).reshape(2, 3, 1)
-    >>> completion_rewards(lambda z: z, latents, ["a", "b"], lambda im, p: im[:, 0] + len(p[0]), chunk_size=4)
-    tensor([[1., 2., 3.],
-            [4., 5., 6.]])
+    >>> completion_rewards(lambda z: z, latents, ["a", "b"], lambda im, p, rows: im[:, 0] + 10 * rows, chunk_size=4)
+    tensor([[ 0.,  1.,  2.],
+            [13., 14., 15.]])
     """
     batch, per_row = latents.shape[:2]
     if len(prompts) != batch:
@@ -42,7 +45,8 @@ def completion_rewards(decode: Callable[[Tensor], Tensor], latents: Tensor, prom
         raise ValueError(f"chunk_size={chunk_size} must be >= 1 (or None: everything at once)")
     flat = latents.reshape(batch * per_row, *latents.shape[2:])
     flat_prompts = [p for p in prompts for _ in range(per_row)]
+    rows = torch.arange(batch).repeat_interleave(per_row)  # [B * K] the trajectory of each image
     size = chunk_size or max(len(flat), 1)
-    scores = [score(decode(flat[i:i + size]), flat_prompts[i:i + size]).float().reshape(-1)
+    scores = [score(decode(flat[i:i + size]), flat_prompts[i:i + size], rows[i:i + size]).float().reshape(-1)
               for i in range(0, len(flat), size)]
     return torch.cat(scores).reshape(batch, per_row)

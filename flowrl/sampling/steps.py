@@ -216,6 +216,9 @@ STEPS: dict[str, StepFn] = {"flow_grpo": flow_grpo_step, "cps": cps_step, "dance
 #: What each step kind reads as ``v``: the flow velocity or the diffusion model's noise prediction.
 PREDICTIONS: dict[str, str] = {"flow_grpo": "velocity", "cps": "velocity", "dance": "velocity", "ode": "velocity",
                                "ddim": "epsilon", "ddim_ode": "epsilon"}
+#: The largest ``noise_level`` a step kind is defined for (DDIM's ``eta``: past 1 its variance exceeds the step's and
+#: the mean's coefficient is the square root of a negative number); the other kinds take any positive level.
+MAX_NOISE_LEVEL: dict[str, float] = {"ddim": 1.0}
 #: The deterministic step of each prediction: ODE sampling, evaluation, and steps outside an SDE window.
 ODE_STEPS: dict[str, str] = {"velocity": "ode", "epsilon": "ddim_ode"}
 

@@ -1,5 +1,5 @@
-"""Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image, FLUX.2 [klein] and [dev], Z-Image, Wan) saved once
-per session."""
+"""Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image, FLUX.2 [klein] and [dev], Z-Image, Wan, and the
+editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per session."""
 
 import pytest
 
@@ -99,3 +99,36 @@ def wan_dirs(tmp_path_factory):
     from tests.policies.tiny_wan import save_all
 
     return save_all(tmp_path_factory.mktemp("wan"))
+
+
+@pytest.fixture(scope="session")
+def qwen_edit_plus_dir(tmp_path_factory):
+    """Qwen-Image-Edit-Plus (2509): one or more source images per prompt."""
+    from diffusers import QwenImageEditPlusPipeline
+
+    from tests.policies.tiny_editing import qwen_image_edit_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(QwenImageEditPlusPipeline, qwen_image_edit_components,
+                             tmp_path_factory.mktemp("qwen_edit_plus")))
+
+
+@pytest.fixture(scope="session")
+def qwen_edit_dir(tmp_path_factory):
+    """Qwen-Image-Edit (the first release): one source image per prompt, read by the vision tower at the VAE size."""
+    from diffusers import QwenImageEditPipeline
+
+    from tests.policies.tiny_editing import qwen_image_edit_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(QwenImageEditPipeline, qwen_image_edit_components, tmp_path_factory.mktemp("qwen_edit")))
+
+
+@pytest.fixture(scope="session")
+def flux_kontext_dir(tmp_path_factory):
+    from diffusers import FluxKontextPipeline
+
+    from tests.policies.tiny_editing import flux_kontext_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(FluxKontextPipeline, flux_kontext_components, tmp_path_factory.mktemp("flux_kontext")))

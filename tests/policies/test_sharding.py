@@ -6,6 +6,7 @@ from torch import nn
 
 from flowrl.policies.sharding import SHARDED_BLOCKS, denoiser_blocks
 from flowrl.policies.tiny_components import build_transformer
+from tests.policies.tiny_editing import flux_kontext_components, qwen_image_edit_components
 from tests.policies.tiny_families import flux2_klein_components, qwen_image_components, zimage_transformer
 from tests.policies.tiny_pipelines import flux_components
 from tests.policies.tiny_sd15 import sd15_components
@@ -28,10 +29,14 @@ def wan_experts(two: bool):
     # Z-Image at width 128: at the tests' width 32 its timestep MLP (1024 wide whatever the model width) outweighs
     # the blocks, which it does not in the 6B model
     (lambda: zimage_transformer(dim=128), ["noise_refiner.0", "context_refiner.0", "layers.0", "layers.1"]),
+    # the editing families' transformers are the text-to-image classes (Qwen-Image-Edit-2511's with zero_cond_t)
+    (lambda: qwen_image_edit_components(zero_cond_t=True)["transformer"], ["transformer_blocks.0",
+                                                                          "transformer_blocks.1"]),
+    (lambda: flux_kontext_components()["transformer"], ["transformer_blocks.0", "single_transformer_blocks.0"]),
     (lambda: wan_experts(False), ["transformer.blocks.0", "transformer.blocks.1", "transformer"]),
     (lambda: wan_experts(True), ["transformer.blocks.0", "transformer.blocks.1", "transformer",
                                  "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2"]),
-], ids=["sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "wan21", "wan22"])
+], ids=["sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "qwen_edit", "kontext", "wan21", "wan22"])
 def test_each_denoiser_shards_its_blocks(build, expected):
     denoiser = build()
     blocks = denoiser_blocks(denoiser)

@@ -1,7 +1,7 @@
-"""Every shipped GPU config (SD3.5, FLUX.1, SD1.5) goes through the checks a real run makes before loading, and fits
-one batch on a tiny random-weight stand-in of its family: the config file as shipped, with only what needs weights,
-GPUs or the user's prompts swapped (the model folder, reward models, devices, the batch size) and every method
-option left as published."""
+"""Every shipped GPU config (SD3.5, FLUX.1, SD1.5, Qwen-Image, FLUX.2, Z-Image, Qwen-Image-Edit, FLUX.1 Kontext) goes
+through the checks a real run makes before loading, and fits one batch on a tiny random-weight stand-in of its family:
+the config file as shipped, with only what needs weights, GPUs or the user's prompts swapped (the model folder, reward
+models, devices, the batch size, an edit's sources and their sizes) and every method option left as published."""
 
 from pathlib import Path
 
@@ -11,14 +11,19 @@ import yaml
 from flowrl.cli import FlowRLCLI, main
 from flowrl.methods.option_surface import bound_options
 from flowrl.rewards.base import RewardCallback
+from tests.policies.edit_records import write_records
+from tests.policies.tiny_editing import CONDITION_AREA, SOURCE_AREA
 
 ROOT = Path(__file__).resolve().parents[2]
 # the video configs (wan*) go through the same two checks on tiny Wan pipelines in tests/policies/test_wan_fit.py
 GPU_CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")
                      if not p.name.startswith(("tiny_", "quick", "wan")))
 STAND_INS = {"SD3Policy": "sd3_dir", "FluxPolicy": "flux_dir", "SD15Policy": "sd15_dir", "QwenImagePolicy": "qwen_image_dir",
-             "Flux2Policy": "flux2_dir", "ZImagePolicy": "zimage_dir"}
+             "Flux2Policy": "flux2_dir", "ZImagePolicy": "zimage_dir", "QwenImageEditPolicy": "qwen_edit_plus_dir",
+             "FluxKontextPolicy": "flux_kontext_dir"}
 PROMPTS = ["a red cat", "a blue dog"]
+#: the editing families' source sizes on their tiny stand-ins (the configs' 512 x 512 would make 1024 tokens each)
+TINY_SOURCES = {"source_area": SOURCE_AREA, "condition_area": CONDITION_AREA}
 #: options that name files the user downloads first (like the model's weights): a stand-in starts without them
 DOWNLOADS = {"generator_init": None}
 
@@ -31,6 +36,14 @@ def _class(path: str):
 def family(config: str) -> str:
     policy = yaml.safe_load((ROOT / "configs" / config).read_text())["model"]["init_args"]["policy"]["class_path"]
     return policy.rpartition(".")[2]
+
+
+def prompts_for(config: str, out: Path):
+    """The stand-in's prompts: for an editing family prompt records with as many source images as it takes (two for
+    one that takes one or more), else two prompts."""
+    policy = yaml.safe_load((ROOT / "configs" / config).read_text())["model"]["init_args"]["policy"]["class_path"]
+    count = _class(policy).conditioning_images
+    return str(write_records(out / "records", per_record=2 if count < 0 else count)) if count else PROMPTS
 
 
 def tiny_stand_in(config: str, model_dir: str, out: Path) -> Path:
@@ -51,9 +64,11 @@ def tiny_stand_in(config: str, model_dir: str, out: Path) -> Path:
     policy.update(model=model_dir, resolution=32, torch_dtype="float32", autocast=None, vae_chunk_size=None)
     if "max_sequence_length" in policy:
         policy["max_sequence_length"] = 8
+    policy.update({key: value for key, value in TINY_SOURCES.items() if key in policy})
     method = _class(cfg["model"]["class_path"])
     leaves = method.rollout_cost(bound_options(method, (), {**init, "policy": None})[0])[0]
-    cfg["data"].update(prompts=PROMPTS, num_groups=1, group_size=max(leaves, 2 if leaves == 1 else leaves))
+    cfg["data"].update(prompts=prompts_for(config, out), num_groups=1,
+                       group_size=max(leaves, 2 if leaves == 1 else leaves))
     path = out / config
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -75,7 +90,7 @@ def test_a_gpu_config_passes_the_checks_before_loading_as_shipped(config, tmp_pa
                  if key in init]
     with pytest.raises(ChecksPassed):  # a SystemExit here is a problem the checks found: its text names it
         main(["fit", "--config", str(ROOT / "configs" / config), f"--model.init_args.policy.init_args.model={model_dir}",
-              f"--data.prompts={PROMPTS}", f"--trainer.default_root_dir={tmp_path}", *downloads])
+              f"--data.prompts={prompts_for(config, tmp_path)}", f"--trainer.default_root_dir={tmp_path}", *downloads])
 
 
 @pytest.mark.parametrize("config", GPU_CONFIGS)

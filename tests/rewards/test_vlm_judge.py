@@ -41,14 +41,18 @@ class Judge(BaseHTTPRequestHandler):
         if self.headers.get("Authorization") != server.expected_auth:
             return self.answer(401, {"error": "bad key"})
         (message,) = body["messages"]
-        image_part, text_part = message["content"]
+        *image_parts, text_part = message["content"]  # an edit's sources come before the edited image
         assert body["model"] == "judge-7b" and message["role"] == "user" and body["temperature"] == 0.0
-        assert image_part["type"] == "image_url" and text_part["type"] == "text"
-        header, data = image_part["image_url"]["url"].split(",", 1)
-        assert header == "data:image/png;base64"
-        caption = re.search(r"Text Caption: \[(.*)\]$", text_part["text"]).group(1)
+        assert image_parts and all(p["type"] == "image_url" for p in image_parts) and text_part["type"] == "text"
+        pictures = []
+        for part in image_parts:
+            header, data = part["image_url"]["url"].split(",", 1)
+            assert header == "data:image/png;base64"
+            pictures.append(np.asarray(Image.open(io.BytesIO(base64.b64decode(data)))))
+        caption = re.search(r"(?:Text Caption|Instruction): \[(.*)\]$", text_part["text"]).group(1)
         with server.lock:
-            server.images[caption] = np.asarray(Image.open(io.BytesIO(base64.b64decode(data))))
+            server.images[caption], server.all_images[caption] = pictures[-1], pictures
+            server.texts[caption] = text_part["text"]
         self.answer(200, {"choices": [{"index": 0, "message": {"role": "assistant",
                                                                 "content": server.replies[caption]}}]})
 
@@ -65,6 +69,7 @@ class Judge(BaseHTTPRequestHandler):
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
     httpd.lock, httpd.release, httpd.images = threading.Lock(), threading.Event(), {}
+    httpd.all_images, httpd.texts = {}, {}
     httpd.attempts, httpd.failures, httpd.stall, httpd.expected_auth = 0, 0, False, None
     httpd.replies = {"a red cat": "The cat is red and sharp.\nFinal Score: 4.5",
                      "a blue dog": "Wrong colour.\nFinal Score: 2",

@@ -37,11 +37,14 @@ def test_buffer_bytes_from_known_sizes(bench):
     assert bench.buffer_bytes(rollout) == 256 + 24 + 16 + 6 + 48 + 8
 
 
-@pytest.mark.parametrize("name", ["tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "wan21",
-                                  "wan22"])
+@pytest.mark.parametrize("name", ["tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "qwen_edit",
+                                  "kontext", "wan21", "wan22"])
 def test_bare_output_is_the_adapters_guided_output(bench, name, tmp_path):
+    from scripts.bench_edit_calls import edit_images
+
     policy, make_bare, _, _ = bench.build_policy(name, tmp_path)
-    cond = policy.encode(["a red cat", "a blue dog"])
+    prompts = ["a red cat", "a blue dog"]
+    cond = policy.encode(prompts, images=edit_images(name, prompts))  # an edit's sources: one per record
     sigmas = policy.sigmas(3)
     bare = make_bare(policy, cond, sigmas, 3.0)
     z, k, rows = torch.randn(2, *policy.latent_shape()), torch.tensor([0, 2]), torch.tensor([1, 0])
@@ -51,7 +54,7 @@ def test_bare_output_is_the_adapters_guided_output(bench, name, tmp_path):
     torch.testing.assert_close(got, bare.layout(want), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["tiny", "sd15", "wan22"])
+@pytest.mark.parametrize("name", ["tiny", "sd15", "kontext", "wan22"])
 def test_measure_reports_every_field(bench, name, tmp_path):
     result = bench.measure(name, tmp_path, batch=2, steps=2, micro_batch=2, repeats=1)
     shape = result["latent_shape"]

@@ -1,0 +1,127 @@
+"""Every method on every family: the tables of the matrix test (``test_every_method.py``) and the tiny ``fit``
+config of one (method, family) pair.
+
+A family is a policy class on one of the tiny pipelines of ``conftest.py`` with its CPU-sized options and what the
+family needs of any method (SD1.5's DDIM step, a step-distilled model's guidance 1, an edit's prompt records). A
+method is its class with options that keep its rollout small (3 steps, trees of 2 branches); every other option is
+the method's default. ``REFUSED`` lists the pairs that cannot run, with the words the pre-load check says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from tests.policies.edit_records import write_records
+from tests.policies.tiny_editing import CONDITION_AREA, SOURCE_AREA
+
+PROMPTS = ["a red cat", "a blue dog"]
+
+
+@dataclass(frozen=True)
+class Family:
+    policy: str  # the adapter's class path
+    fixture: str  # the conftest fixture of its tiny pipeline (a folder; wan_dirs: a dict, read at ``key``)
+    options: dict  # the policy's CPU-sized init_args
+    guidance: float = 2.0  # the sampling guidance of its methods (1: a model without guidance)
+    method_options: dict = field(default_factory=dict)  # what every method needs on it
+    records: int = 0  # source images per prompt record (0: text prompts)
+    key: Optional[str] = None
+
+
+FAMILIES = {
+    "sd3": Family("flowrl.policies.SD3Policy", "sd3_dir", {"resolution": 32, "max_sequence_length": 8}),
+    "flux": Family("flowrl.policies.FluxPolicy", "flux_dir", {"resolution": 32, "max_sequence_length": 8}),
+    # SD1.5 predicts noise: the policy-gradient methods take the DDIM step, whose eta stays <= 1 (0.9: DenseGRPO's
+    # calibration may add; BranchGRPO's split noise at most 1 / 0.9)
+    "sd15": Family("flowrl.policies.SD15Policy", "sd15_dir", {"resolution": 32},
+                   method_options={"step_kind": "ddim", "noise_level": 0.9, "split_noise_scale": 1.0}),
+    "qwen_image": Family("flowrl.policies.QwenImagePolicy", "qwen_image_dir",
+                         {"resolution": 32, "max_sequence_length": 16}),
+    "flux2": Family("flowrl.policies.Flux2Policy", "flux2_dir", {"resolution": 32, "max_sequence_length": 16}),
+    # FLUX.2 [klein] step-distilled: no guidance; TDM-R1's CFG terms at 1
+    "flux2_distilled": Family("flowrl.policies.Flux2Policy", "flux2_distilled_dir",
+                              {"resolution": 32, "max_sequence_length": 16}, guidance=1.0,
+                              method_options={"teacher_guidance": 1.0, "surrogate_guidance": 1.0}),
+    "flux2_dev": Family("flowrl.policies.Flux2Policy", "flux2_dev_dir", {"resolution": 32, "max_sequence_length": 48}),
+    "zimage": Family("flowrl.policies.ZImagePolicy", "zimage_dir", {"resolution": 32, "max_sequence_length": 32}),
+    "qwen_edit": Family("flowrl.policies.QwenImageEditPolicy", "qwen_edit_plus_dir",
+                        {"resolution": 32, "source_area": SOURCE_AREA, "condition_area": CONDITION_AREA}, records=2),
+    "kontext": Family("flowrl.policies.FluxKontextPolicy", "flux_kontext_dir",
+                      {"resolution": 32, "source_area": 32 * 32, "max_sequence_length": 16}, records=1),
+    "wan": Family("flowrl.policies.WanPolicy", "wan_dirs",
+                  {"height": 32, "width": 32, "num_frames": 9, "max_sequence_length": 16}, key="wan21"),
+    # Wan 2.1 image-to-video: a first frame per record (its attention splits 512 text tokens off)
+    "wan_i2v": Family("flowrl.policies.WanI2VPolicy", "wan_dirs",
+                      {"height": 32, "width": 32, "num_frames": 9, "max_sequence_length": 512}, records=1,
+                      key="wan21_i2v"),
+}
+
+#: method: (class path, options that keep its rollout small)
+METHODS = {
+    "flow_grpo": ("flowrl.methods.FlowGRPO", {}),
+    "dense_grpo": ("flowrl.methods.DenseGRPO", {"calibration": {"samples": 2, "iterations": 1}}),
+    "tp_grpo": ("flowrl.methods.TPGRPO", {"window_size": 2}),
+    "tempflow_grpo": ("flowrl.methods.TempFlowGRPO", {"branches": 2}),
+    "tree_rpo": ("flowrl.methods.TreeRPO", {"window_size": 2, "branches": 2}),
+    "branch_grpo": ("flowrl.methods.BranchGRPO", {"split_steps": [0, 1], "branches": 2}),
+    "diffusion_nft": ("flowrl.methods.DiffusionNFT", {}),
+    "tdm_r1": ("flowrl.methods.TDMR1", {"num_steps": 2, "num_train_steps": 1}),
+}
+#: the pairs that cannot run, and the words of the pre-load check's reason
+REFUSED = {
+    ("diffusion_nft", "sd15"): "predicts epsilon: DiffusionNFT's losses need a flow (velocity) model",
+    ("tdm_r1", "sd15"): "predicts epsilon: TDM-R1's losses need a flow (velocity) model",
+    ("tdm_r1", "flux"): "guidance-distilled",
+    ("tdm_r1", "kontext"): "guidance-distilled",
+    ("tdm_r1", "flux2_dev"): "guidance-distilled",
+}
+#: where the step kind is an option of the method, and where guidance options exist (the others would be unknown keys)
+POLICY_GRADIENT = {"flow_grpo", "dense_grpo", "tp_grpo", "tempflow_grpo", "tree_rpo", "branch_grpo"}
+NEW_FAMILIES = ["qwen_image", "flux2", "zimage", "qwen_edit", "kontext", "wan"]
+
+
+def family_options(method: str, family: Family) -> dict[str, Any]:
+    """What the family needs of this method, among the options the method has: the step kind where it samples an SDE
+    of its choice, BranchGRPO's split noise, TDM-R1's guidance."""
+    keep = {"step_kind", "noise_level"} if method in POLICY_GRADIENT else set()
+    keep |= {"split_noise_scale"} if method == "branch_grpo" else set()
+    keep |= {"teacher_guidance", "surrogate_guidance"} if method == "tdm_r1" else set()
+    return {k: v for k, v in family.method_options.items() if k in keep}
+
+
+def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
+    """The parsed-config dict of a one-batch fit of ``method`` on ``family_name`` (``out``: its folder; the prompt
+    records of an editing family are written there)."""
+    from flowrl.methods.option_surface import bound_options
+
+    family = FAMILIES[family_name]
+    path, options = METHODS[method]
+    guidance = 1.0 if method in ("tdm_r1", "diffusion_nft") else family.guidance
+    init = {"policy": {"class_path": family.policy,
+                       "init_args": {"model": model_dir, "lora": {"rank": 4, "alpha": 8}, **family.options}},
+            "num_steps": 3, "guidance_scale": guidance, "seed": 3, **options, **family_options(method, family),
+            "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e-2}}}
+    if method in POLICY_GRADIENT:
+        init.update(micro_batch_size=4, check_ratio=True, check_ratio_threshold=1.0e-4)
+    module = _class(path)
+    leaves = module.rollout_cost(bound_options(module, (), {**init, "policy": None})[0])[0]
+    prompts = str(write_records(out / "data", sizes=((40, 48), (32, 32)), per_record=family.records)) \
+        if family.records else PROMPTS
+    edits = family.records and "Wan" not in family.policy  # a video's first frame is not an edit's source
+    reward = ({"class_path": "flowrl.rewards.EditConsistency", "init_args": {"size": 8}} if edits else
+              {"class_path": "flowrl.rewards.JpegIncompressibility"})
+    return {"seed_everything": 3,
+            "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 1, "enable_progress_bar": False,
+                        "num_sanity_val_steps": 0, "limit_val_batches": 0, "default_root_dir": str(out),
+                        "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                   "init_args": {"save_dir": str(out), "name": "csv"}},
+                        "callbacks": [reward]},
+            "model": {"class_path": path, "init_args": init},
+            "data": {"prompts": prompts, "group_size": max(leaves, 2), "num_groups": 1, "seed": 3}}
+
+
+def _class(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(__import__(module, fromlist=[name]), name)
