@@ -8,9 +8,11 @@ as the strings CSVLogger wrote (so "equal" means bit-identical floats). Columns 
 compared: a new metric is not a change of behaviour. Exits 1 on the first differences (printed), 0 otherwise.
 
 The reference ``docs/data/regression/quickstart_seed0_20batches.csv`` is the quickstart's first 20 batches at seed 0
-before the method-layer refactor, recorded with
+with Flow-GRPO's default ``cfg_gradient="cond"`` (issue 24), recorded with
 ``OMP_NUM_THREADS=1 python -m flowrl fit --config configs/quickstart.yaml --trainer.max_steps=40`` on the 2-core dev
-box (commit 2426ba1); the thread count changes float reductions, so compare runs made with the same one.
+box; the thread count changes float reductions, so compare runs made with the same one. The reference before that
+default changed (``cfg_gradient="both"``, recorded before the method-layer refactor at commit 2426ba1) is in the
+file's git history: the refactor kept it bit for bit.
 """
 
 from __future__ import annotations
