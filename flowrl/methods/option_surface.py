@@ -100,12 +100,16 @@ def policy_prediction(policy: Any) -> Optional[str]:
     """
     if hasattr(policy, "prediction") and not isinstance(policy, dict):
         return policy.prediction
+    return getattr(policy_class(policy), "prediction", None)
+
+
+def policy_class(policy: Any) -> Optional[type]:
+    """The class a parsed policy config names (None: not a config, or no dotted ``class_path``)."""
     path = policy.get("class_path") if isinstance(policy, dict) else None
     if not isinstance(path, str) or "." not in path:
         return None
     module, _, name = path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None)
-    return getattr(cls, "prediction", None)
+    return getattr(importlib.import_module(module), name, None)
 
 
 def policy_guidance(policy: Any) -> Optional[str]:
@@ -117,11 +121,7 @@ def policy_guidance(policy: Any) -> Optional[str]:
     """
     if hasattr(policy, "guidance_kind") and not isinstance(policy, dict):
         return policy.guidance_kind
-    path = policy.get("class_path") if isinstance(policy, dict) else None
-    if not isinstance(path, str) or "." not in path:
-        return None
-    module, _, name = path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None)
+    cls = policy_class(policy)
     if not hasattr(cls, "guidance_kind_of"):
         return None
     declared = inspect.signature(cls.__init__).parameters.get("model")
