@@ -39,6 +39,7 @@ from flowrl.rewards.reward_set import batch_metadata
 from flowrl.sampling.completions import Completions
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import ODE_STEPS
+from flowrl.strategies.atomic_checkpoint import use_atomic_saves
 from flowrl.strategies.fsdp2 import shard_for_strategy
 from flowrl.training.nonfinite import NonfiniteSteps
 
@@ -129,6 +130,7 @@ class BaseModule(Trajectories):
     def configure_model(self) -> None:
         # Lightning calls this under every strategy, before the optimizers exist; only FSDP2 changes the model here
         shard_for_strategy(self.trainer.strategy, self.policy)
+        use_atomic_saves(self.trainer.strategy)  # a failed save keeps the previous checkpoint; `last` the newest
 
     def on_fit_start(self) -> None:
         if not len(self.reward_set):

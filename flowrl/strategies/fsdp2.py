@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
 from flowrl.policies.sharding import shard_policy
+from flowrl.strategies.atomic_checkpoint import commit, link, partial_path, remove_path
 from flowrl.strategies.sharded_checkpoint import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
                                        split_sharded)
 
@@ -84,24 +85,39 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
         callbacks, sharded = split_sharded(checkpoint.get("callbacks", {}))
-        if not sharded:
-            return super().save_checkpoint(checkpoint, filepath, storage_options)
         if not self._save_distributed_checkpoint:  # one file: gather the callbacks' tensors whole too (every rank)
-            checkpoint["callbacks"] = fill_sharded(callbacks, {k: v.full_tensor() for k, v in sharded.items()})
+            if sharded:
+                checkpoint["callbacks"] = fill_sharded(callbacks, {k: v.full_tensor() for k, v in sharded.items()})
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         from torch.distributed.checkpoint import save
 
-        # ModelParallelStrategy's distributed save, with the callbacks' shards as one more top-level entry
-        path = Path(self.broadcast(filepath))
-        if path.is_file():
-            path.unlink()
-        path.mkdir(parents=True, exist_ok=True)
-        state = {"state_dict": checkpoint.pop("state_dict"), SHARDED_KEY: sharded,
+        path = Path(self.broadcast(str(filepath)))
+        files = getattr(self.checkpoint_io, "files", None)  # the atomic checkpoint IO's record (rank zero's)
+        step = int(checkpoint.get("global_step", -1))
+        newest = files.links_instead(path, step) if files is not None and self.global_rank == 0 else None
+        if self.broadcast(newest is not None):  # `last` at the step just saved: a link to it, not a second copy
+            if self.global_rank == 0:
+                link(newest, path)
+            return self.barrier()
+        # ModelParallelStrategy's distributed save, with the callbacks' shards as one more top-level entry, written
+        # whole beside the target and then put in its place (atomic_checkpoint): a killed save leaves the old one
+        partial = partial_path(path)
+        if self.global_rank == 0:
+            remove_path(partial)
+            partial.mkdir(parents=True)
+        self.barrier()
+        state = {"state_dict": checkpoint.pop("state_dict"), **({SHARDED_KEY: sharded} if sharded else {}),
                  **{f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))}}
-        save(state, checkpoint_id=path)
+        save(state, checkpoint_id=partial)
         checkpoint["callbacks"] = callbacks
         if self.global_rank == 0:
-            torch.save(checkpoint, path / META)
+            torch.save(checkpoint, partial / META)
+        self.barrier()  # every rank's shards are written
+        if self.global_rank == 0:
+            commit(partial, path)
+            if files is not None:
+                files.saved(path, step)
+        self.barrier()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
         metadata = super().load_checkpoint(checkpoint_path, weights_only)
