@@ -32,7 +32,8 @@ from flowrl.callbacks.image_writer import ImageWriter
 from flowrl.callbacks.progress import RunProgressBar
 from flowrl.callbacks.run_header import RunHeader
 from flowrl.cli.arguments import null_overrides_as_configs
-from flowrl.cli.config_checks import checkpoint_problems, config_problems, predict_problems
+from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint
+from flowrl.cli.config_checks import config_problems, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, share_log_versions
 from flowrl.cli.method_switch import method_switch
 from flowrl.data import PromptDataModule
@@ -65,6 +66,9 @@ class FlowRLCLI(LightningCLI):
         if ckpt := config.get("ckpt_path"):
             if problems := checkpoint_problems(str(ckpt)):
                 raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+            if (found := resolve_checkpoint(str(ckpt))) != Path(str(ckpt)).expanduser():
+                print(f"flowrl: ckpt_path={ckpt} is a run folder; loading its {found}", flush=True)
+                config["ckpt_path"] = str(found)
         super()._parse_ckpt_path()
 
     def parse_arguments(self, parser, args) -> None:

@@ -28,10 +28,11 @@ from lightning.pytorch.utilities.parsing import collect_init_args
 from torch import Tensor
 
 from flowrl import advantages as adv_lib
+from flowrl.checkpoint_fit import load_mismatch, method_path
 from flowrl.methods.batch import GATHERED, Batch, hook_value
-from flowrl.methods.trajectories import Trajectories
 from flowrl.methods.option_surface import at_least, checked_options, optimizer_problems
 from flowrl.methods.trained_pairs import UntrainedBatches, trained_pairs
+from flowrl.methods.trajectories import Trajectories
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import AGGREGATIONS
@@ -73,6 +74,7 @@ class BaseModule(Trajectories):
 
     min_group_size = 2  # samples per prompt a method needs (1: a method that groups one tree per prompt)
     raw_rewards = False  # a method that differences rewards along a trajectory needs reward_aggregation: sum
+    named_adapters: tuple[str, ...] = ()  # LoRA adapters the method adds beside the policy's own (``default``)
 
     def __init__(self, policy: FlowPolicy, num_steps: int = 10, eval_num_steps: Optional[int] = None,
                  guidance_scale: float = 4.5, advantage: str = "grpo@flow_grpo",
@@ -145,8 +147,16 @@ class BaseModule(Trajectories):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["flowrl_loop"] = {**self.nonfinite.state_dict(), **self.untrained.state_dict()}
+        checkpoint["flowrl_method"] = method_path(type(self))  # read before loading (checkpoint_fit)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # before Lightning loads the weights (FSDP2 loads them earlier, in its strategy): one line, not torch's list of
+        # every missing and unexpected key, for a checkpoint of another method or policy
+        saved = {k: tuple(v.shape) for k, v in checkpoint.get("state_dict", {}).items()}
+        if "state_dict" in checkpoint and self.strict_loading and (why := load_mismatch(
+                saved, {k: tuple(v.shape) for k, v in self.state_dict().items()}, checkpoint.get("flowrl_method"),
+                method_path(type(self)))):
+            raise RuntimeError(f"{why}; load it with the config of the run that wrote it (the config.yaml beside it)")
         self.nonfinite.load_state_dict(checkpoint.get("flowrl_loop", {}))
         self.untrained.load_state_dict(checkpoint.get("flowrl_loop", {}))
 
