@@ -60,7 +60,7 @@ def test_a_checkpoint_of_another_method_is_named_before_loading(flow_grpo_run, t
     written = f"ckpt_path='{ckpt}' was written by flowrl.methods.FlowGRPO (LoRA adapters: default (rank 4))"
     for config, method, missing in (("tiny_tdm_r1.yaml", "TDMR1", "fake_score, surrogate, surrogate_old"),
                                     ("tiny_diffusion_nft.yaml", "DiffusionNFT", "old")):
-        args = ["--config", str(ROOT / "configs" / config), f"--model.init_args.policy.init_args.lora.rank=4"]
+        args = ["--config", str(ROOT / "configs" / config), "--model.init_args.policy.init_args.lora.rank=4"]
         resumed = fails("fit", *args, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}")
         assert written in resumed and f"the config's flowrl.methods.{method} needs" in resumed
         assert f"missing: {missing}." in resumed and len(resumed) < 1000  # not torch's list of every key
