@@ -36,6 +36,7 @@ from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint
 from flowrl.cli.config_checks import config_problems, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, share_log_versions
 from flowrl.cli.method_switch import method_switch
+from flowrl.cli.rendezvous import rendezvous_notice
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
 
@@ -101,6 +102,8 @@ class FlowRLCLI(LightningCLI):
     def before_fit(self) -> None:
         # the CSV writer of a fresh version starts while the folder is still empty: Lightning warns about (and would
         # delete) an older metrics.csv when it finds the folder non-empty, which here only means TensorBoard's events
+        if launched_as_rank_zero() and (notice := rendezvous_notice(self.trainer)):
+            print(notice, flush=True)  # once, before the rendezvous, which waits in silence until its timeout
         if launched_as_rank_zero():
             for logger in self.trainer.loggers:
                 if isinstance(logger, CSVLogger):

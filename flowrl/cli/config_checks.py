@@ -34,8 +34,12 @@ def config_problems(config: Any) -> list[str]:
     problems = []
     callbacks = config.get("trainer", {}).get("callbacks") or []
     rewards = [c for c in callbacks if isinstance(c, dict) or hasattr(c, "class_path")]
-    reward_paths = [c["class_path"] for c in map(_as_dict, rewards)
-                    if issubclass(_class(c["class_path"]), RewardCallback)]
+    reward_paths = []
+    for node in map(_as_dict, rewards):
+        cls = _class(node["class_path"])
+        if issubclass(cls, RewardCallback):
+            reward_paths.append(node["class_path"])
+            problems += cls.config_problems(_as_dict(node.get("init_args")))
     if not reward_paths:
         problems.append("trainer.callbacks has no reward callback; add one, e.g. "
                         "`- class_path: flowrl.rewards.DigitAlignment`")
