@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flowrl.cli import main
+from flowrl.cli.predict import predict_arguments
 from flowrl.policies.export import load_policy
 from tests.cli.test_fit import fit_args
 
@@ -73,7 +74,24 @@ def test_a_checkpoint_of_another_method_is_named_before_loading(flow_grpo_run, t
 
 
 def test_a_run_folder_stands_for_its_last_checkpoint(flow_grpo_run):
-    policy = load_policy(flow_grpo_run)  # export's loader: the folder, not "does not exist"
+    # export's loader (the command itself, on a pipeline policy: tests/policies/test_export.py)
+    policy = load_policy(flow_grpo_run)  # the folder's last.ckpt, not "does not exist"
     saved = torch.load(flow_grpo_run / "checkpoints/last.ckpt", weights_only=False)["state_dict"]
     lora = {k: v for k, v in policy.state_dict().items() if "lora_B" in k}
     assert lora and all(torch.equal(v, saved["policy." + k]) for k, v in lora.items())
+
+
+def test_predict_of_an_fsdp2_runs_folder_takes_one_process(tmp_path):
+    # the run's config says 2 devices and fsdp2: predict started 2 processes, then asked for one
+    run = tmp_path / "version_0"
+    (run / "checkpoints/last.ckpt").mkdir(parents=True)
+    (run / "checkpoints/last.ckpt/meta.pt").write_bytes(b"")  # a sharded checkpoint's folder
+    (run / "config.yaml").write_text("trainer: {devices: 2, strategy: fsdp2}\n")
+    args = predict_arguments(["--ckpt_path", str(run), "--prompts", "a"])
+    assert args[args.index("--ckpt_path") + 1] == str(run / "checkpoints/last.ckpt")
+    assert args[args.index("--config") + 1] == str(run / "config.yaml")
+    assert {"--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=fsdp2"} <= set(args)
+    (run / "checkpoints/last.ckpt/meta.pt").unlink()
+    (run / "checkpoints/last.ckpt").rmdir()
+    torch.save({}, run / "checkpoints/last.ckpt")  # a 1-file checkpoint: no sharding needed
+    assert "--trainer.strategy=auto" in predict_arguments(["--ckpt_path", str(run), "--prompts", "a"])

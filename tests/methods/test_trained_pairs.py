@@ -74,6 +74,26 @@ def test_the_rule_stops_the_cli_before_any_weight_loads():
     assert f"model.timestep_fraction=0.1, model.num_steps=3: a FlowGRPO batch {NOTHING}" in str(err.value)
 
 
+@pytest.mark.parametrize("config, options, message", [
+    # each once failed late or not at all: [9] as a bare IndexError after the first validation, [-1] read as a Python
+    # index, [0, 0] accepted, trunc_steps capped in silence, every rule of Dynamic-TreeRPO printed for one broken one
+    ("tiny_branch_grpo", ["--model.init_args.depth_pruning=[10]"], "model.depth_pruning=[10]: list distinct steps in "
+     "[0, 10)"),  # one past the config's last step, as [9] was on a shorter run
+    ("tiny_branch_grpo", ["--model.init_args.depth_pruning=[-1]"], "-1 is not the last step"),
+    ("tiny_branch_grpo", ["--model.init_args.mix_window=0"], "model.mix_window=0 must be >= 1"),
+    ("tiny_tempflow_grpo", ["--model.init_args.branch_steps=[0,0]"], "model.branch_steps=[0, 0]: choose distinct"),
+    ("tiny_tdm_r1", ["--model.init_args.trunc_steps=10"], "model.trunc_steps=10 exceeds the generator's num_steps=4"),
+    ("tiny_tree_rpo", ["--model.init_args.depth_noise=-1"], "model.depth_noise=-1.0 must be >= 0"),
+    ("tiny_tree_rpo", ["--model.init_args.window_shift_every=0"], "model.window_shift_every=0 must be >= 1"),
+])
+def test_tree_and_few_step_options_fail_in_the_cli_before_loading(config, options, message):
+    with pytest.raises(SystemExit) as err:
+        main(["fit", "--config", str(Path(__file__).parents[2] / "configs" / f"{config}.yaml"), *options,
+              "--model.init_args.policy.init_args.model=/no/such/model"])  # never opened: checked before
+    problems = [p for p in str(err.value).splitlines()[1:] if "/no/such/model" not in p]
+    assert len(problems) == 1 and message in problems[0], str(err.value)  # the broken rule only
+
+
 class NaNAdvantages(FlowGRPO):
     """Flow-GRPO whose advantages are all NaN (an estimator gone wrong)."""
 

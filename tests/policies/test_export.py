@@ -82,6 +82,11 @@ def test_export_command_from_a_fit_checkpoint(sd3_dir, tmp_path):
     assert trained and sorted(loaded) == sorted(trained)
     assert all(torch.equal(loaded[k], trained[k]) for k in trained)
     assert (tmp_path / "out/merged/model_index.json").is_file()
+    # the run's version_N folder stands for its checkpoint (it once said the folder does not exist)
+    assert ckpt.parent.name == "checkpoints"
+    main(["export", "--ckpt", str(ckpt.parent.parent), "--out", str(tmp_path / "from_folder")])
+    lora = "pytorch_lora_weights.safetensors"
+    assert (tmp_path / "from_folder" / lora).read_bytes() == (tmp_path / "out" / lora).read_bytes()
     with pytest.raises(SystemExit, match="flowrl export: no config.yaml beside .* pass the run's config with --config"):
         main(["export", "--ckpt", str(ckpt.rename(tmp_path / "moved.ckpt")), "--out", str(tmp_path / "x")])
 
