@@ -10,6 +10,8 @@ as a one-key config layer, in place: jsonargparse turns such a command-line ``nu
 ``predict`` takes short options (``--prompts``, ``--seeds``, ...; :mod:`flowrl.cli.predict`) and writes images
 with :class:`flowrl.callbacks.ImageWriter`. The console shows the run: :class:`flowrl.callbacks.RunHeader` at the
 start, :class:`flowrl.callbacks.RunProgressBar`, and :mod:`flowrl.cli.warning_filters` filters what is not the run's.
+A SIGTERM stops ``fit`` after the current batch with a checkpoint and the summary
+(:class:`flowrl.callbacks.SigtermStop`), and the process exits 143.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import flowrl.cli.warning_filters  # noqa: F401  first: its filters must be in p
 from flowrl.callbacks.image_writer import ImageWriter
 from flowrl.callbacks.progress import RunProgressBar
 from flowrl.callbacks.run_header import RunHeader
+from flowrl.callbacks.sigterm_stop import SigtermStop
 from flowrl.cli.arguments import null_overrides_as_configs
 from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint
 from flowrl.cli.config_checks import config_problems, predict_problems
@@ -86,6 +89,8 @@ class FlowRLCLI(LightningCLI):
             callbacks.append(RunProgressBar())
         if self.subcommand == "fit" and not any(isinstance(c, RunHeader) for c in callbacks):
             callbacks.append(RunHeader())
+        if self.subcommand == "fit" and not any(isinstance(c, SigtermStop) for c in callbacks):
+            callbacks.append(SigtermStop())  # says it stops, saves a checkpoint and the summary on SIGTERM
         if self.subcommand == "predict":
             ckpt = self.config_init.get(self.subcommand, self.config_init).get("ckpt_path")
             for c in callbacks:  # saves nothing in predict; pointed at the run's folder, its restored state agrees
@@ -98,6 +103,14 @@ class FlowRLCLI(LightningCLI):
             self.save_config_callback, trainer["logger"] = None, False
         trainer["callbacks"] = callbacks
         return super().instantiate_trainer(**kwargs)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        finally:  # a long-lived process (a test, a notebook) gets its own SIGTERM handler back whatever ended the fit
+            for callback in self.trainer.callbacks if self.trainer is not None else []:
+                if isinstance(callback, SigtermStop):
+                    callback.restore()
 
     def before_fit(self) -> None:
         # the CSV writer of a fresh version starts while the folder is still empty: Lightning warns about (and would
