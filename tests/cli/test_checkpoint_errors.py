@@ -81,7 +81,7 @@ def test_a_run_folder_stands_for_its_last_checkpoint(flow_grpo_run):
     assert lora and all(torch.equal(v, saved["policy." + k]) for k, v in lora.items())
 
 
-def test_predict_of_an_fsdp2_runs_folder_takes_one_process(tmp_path):
+def test_predict_arguments_for_a_sharded_run_folder_ask_for_one_process(tmp_path):
     # the run's config says 2 devices and fsdp2: predict started 2 processes, then asked for one
     run = tmp_path / "version_0"
     (run / "checkpoints/last.ckpt").mkdir(parents=True)
