@@ -11,6 +11,7 @@ from flowrl.callbacks.progress import RunProgressBar
 from flowrl.callbacks.run_header import RunHeader
 from flowrl.callbacks.run_summary import RunSummary
 from flowrl.callbacks.sample_grid import SampleGrid, grid_image
+from flowrl.callbacks.sigterm_stop import SigtermStop
 
 __all__ = ["EMA", "EMAWeightAveraging", "EvaluationBudget", "ImageWriter", "LoraWeights", "RunHeader", "RunProgressBar", "RunSummary",
-           "SampleGrid", "grid_image"]
+           "SampleGrid", "SigtermStop", "grid_image"]

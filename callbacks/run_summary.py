@@ -69,23 +69,35 @@ class RunSummary(Callback):
     def on_fit_end(self, trainer, pl_module) -> None:
         self.after = self._evaluate(trainer, pl_module)
         self._log(trainer, self.after, self._step(trainer))
-        lines = ["", "flowrl run summary", *log_lines(trainer)]
+        self.print_summary(trainer)
+
+    def print_summary(self, trainer, stopped: Optional[str] = None, checkpoint: Optional[str] = None) -> None:
+        """Prints the summary on rank zero; ``stopped``: why the run ended early (``SigtermStop``), which leaves the
+        closing validation out (a preemption leaves no time for it) and names ``checkpoint`` to resume from."""
+        ckpt = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+        saved = checkpoint or (ckpt and (ckpt.last_model_path or ckpt.best_model_path))
+        title = "flowrl run summary" + (f" ({stopped}; resume with --ckpt_path {saved})" if stopped and saved else
+                                        f" ({stopped}; no checkpoint saved)" if stopped else "")
+        lines = ["", title, *log_lines(trainer)]
         grids = [c.dir for c in trainer.callbacks if getattr(c, "dir", None) is not None]
         if grids:
             lines.append(f"  samples:     {grids[0]}")
-        ckpt = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
-        if ckpt is not None and (ckpt.last_model_path or ckpt.best_model_path):
-            lines.append(f"  checkpoint:  {ckpt.last_model_path or ckpt.best_model_path}")
+        if saved:
+            lines.append(f"  checkpoint:  {saved}")
         if self.train_rewards:
             lines.append(f"  train reward/total (as logged): first batch {self.train_rewards[0]:.4f} -> "
                          f"last batch {self.train_rewards[-1]:.4f} over {len(self.train_rewards)} batches "
                          f"({trainer.global_step} optimizer steps)")
-        if self.before and self.after:
+        if self.before and self.after and not stopped:
             for name in self.after:
                 if not name.endswith("_nonfinite"):
                     lines.append(f"  val {name}: {self.before[name]:.4f} -> {self.after[name]:.4f}")
             for name in sorted({k for k in {**self.before, **self.after} if k.endswith("_nonfinite")}):
                 lines.append(f"  val {name} (left out of the means): {self.before.get(name, 0):g} -> "
                              f"{self.after.get(name, 0):g}")
+        elif self.before and stopped:
+            for name in self.before:
+                if not name.endswith("_nonfinite"):
+                    lines.append(f"  val {name}: {self.before[name]:.4f} at the start (not evaluated at the stop)")
         if trainer.is_global_zero:  # printed, not logged: the last thing a quickstart user reads
             print("\n".join(lines), flush=True)

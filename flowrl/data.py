@@ -162,40 +162,35 @@ def collate_rows(rows: list[dict]) -> dict:
             "rows": torch.tensor([r["row"] for r in rows])}
 
 
-class EpochSampler:
-    """Holds the epoch; Lightning calls ``set_epoch`` on a loader's ``sampler`` at every epoch start."""
-
-    def __init__(self) -> None:
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-
 class GroupBatchLoader:
     """An iterable of per-rank batch dicts (``prompts``, ``prompt_ids``, ``group_ids``, ``seeds``) with
-    ``state_dict``/``load_state_dict`` so Lightning resumes it mid-epoch.
+    ``state_dict``/``load_state_dict`` so Lightning resumes it anywhere.
 
-    The position saved is the number of batches the training step *processed*, read from ``consumed()`` (the
-    trainer's batch progress): Lightning's fetcher reads one batch ahead except at the end of a sized epoch, so
-    the count of batches handed out cannot tell the two apart.
+    Its position is the number of batches the training step has *processed* over the whole run, read from
+    ``consumed()`` (the trainer's total batch progress): Lightning's fetcher reads one batch ahead except at the end
+    of a sized epoch, so the count of batches handed out cannot tell the two apart. Each ``iter()`` continues from
+    that position to the end of its epoch (``divmod(position, batches_per_epoch)``), whatever Lightning counts as
+    the epoch: a checkpoint written when a run ends (``max_steps`` reached on an epoch's last batch) restores
+    Lightning's per-epoch batch counter unreset, so Lightning cuts the next epoch short, and a loader that followed
+    Lightning's epoch and per-epoch count would skip the rest of that epoch's batches (a resumed run then differed
+    from one run in one go from its second batch on).
     """
 
     def __init__(self, prompts: list[str], layout: GroupLayout, rank: int,
                  consumed: Optional[Callable[[], int]] = None, images: Optional[RecordImages] = None):
         self.prompts, self.layout, self.rank, self.images = prompts, layout, rank, images
-        self.sampler = EpochSampler()
         self.consumed = consumed or (lambda: self._handed_out)
-        self._handed_out, self._resume_at = 0, 0
+        self._handed_out, self._resume_at = 0, None
 
     def __len__(self) -> int:
         return self.layout.batches_per_epoch
 
     def __iter__(self) -> Iterator[dict]:
-        start, self._resume_at = self._resume_at, 0
-        self._handed_out = start
+        position = self.consumed() if self._resume_at is None else self._resume_at
+        self._resume_at, self._handed_out = None, position
+        epoch, start = divmod(position, len(self))
         for index in range(start, len(self)):
-            batch = group_batch(self.layout, self.sampler.epoch, index, self.rank)
+            batch = group_batch(self.layout, epoch, index, self.rank)
             batch["prompts"] = [self.prompts[i] for i in batch["prompt_ids"].tolist()]
             if self.images is not None:  # prompt records with images: one list per row
                 batch["images"] = self.images(batch["prompt_ids"].tolist())
@@ -203,11 +198,11 @@ class GroupBatchLoader:
             yield batch
 
     def state_dict(self) -> dict:
-        return {"epoch": self.sampler.epoch, "consumed": int(self.consumed())}
+        return {"position": int(self.consumed())}
 
     def load_state_dict(self, state: dict) -> None:
-        self.sampler.epoch = state["epoch"]
-        self._resume_at = state["consumed"] % len(self)
+        # checkpoints before the run-wide position saved Lightning's epoch and the batches processed within it
+        self._resume_at = state["position"] if "position" in state else state["epoch"] * len(self) + state["consumed"]
 
 
 class EvalLoader:
@@ -281,7 +276,7 @@ class PromptDataModule(LightningDataModule):
     def train_dataloader(self) -> GroupBatchLoader:
         if self.trainer is None:
             return GroupBatchLoader(self.prompts, self.layout, 0, images=self.train_images)
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.total  # over the run, not the epoch
         return GroupBatchLoader(self.prompts, self.layout, self.trainer.global_rank, lambda: progress.processed,
                                 self.train_images)
 

@@ -107,6 +107,12 @@ class RewardCallback(Callback):
             raise ValueError(f"reward {self.name!r}: {problem}")
         self.frames, self.frame_reduction = frames, frame_reduction
 
+    @classmethod
+    def config_problems(cls, init_args: dict[str, Any]) -> list[str]:
+        """Problems of this reward's parsed ``init_args`` that the CLI reports with the config's other problems,
+        before any callback or weight is built (none by default; ``FunctionReward``: a path that does not import)."""
+        return []
+
     @property
     def state_key(self) -> str:
         return f"{type(self).__name__}[name={self.name}]"

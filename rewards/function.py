@@ -13,6 +13,7 @@ fails before any weights load.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 from typing import Any, Callable, Optional
@@ -43,14 +44,31 @@ def import_callable(path: str) -> Callable:
             if err.name is not None and not module_name.startswith(err.name):
                 raise  # the module exists but one of its own imports is missing: that error is the useful one
             continue
+        module = target
         for attribute in parts[split:]:
             target = getattr(target, attribute, None)
         if not callable(target):
+            near = difflib.get_close_matches(parts[split], [n for n in dir(module) if not n.startswith("_")], n=1)
             raise ImportError(f"function={path!r}: module {module_name!r} has no callable "
-                              f"{'.'.join(parts[split:])!r}")
+                              f"{'.'.join(parts[split:])!r}" + (f"; did you mean {module_name}.{near[0]}?" if near
+                                                                 else ""))
         return target
     raise ImportError(f"function={path!r}: no module of that path can be imported; install its package or add it "
                       f"to PYTHONPATH")
+
+
+def options_problem(function: Callable, options: dict[str, Any]) -> Optional[str]:
+    """Why ``function(images, prompts, metadata, **options)`` cannot be called (None: it can, or it has no signature
+    to check, as some builtins)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(None, None, None, **options)
+    except TypeError as err:
+        return f"{signature} cannot take (images, prompts, metadata, **{options}): {err}"
+    return None
 
 
 class FunctionReward(RewardCallback):
@@ -74,15 +92,21 @@ class FunctionReward(RewardCallback):
         super().__init__(weight, name or function.rpartition(".")[2], batch_size, frames, frame_reduction)
         self.function_path, self.options = function, dict(options or {})
         self.function = import_callable(function)
+        if problem := options_problem(self.function, self.options):
+            raise ValueError(f"FunctionReward {self.name!r}: {function}{problem}")
+
+    @classmethod
+    def config_problems(cls, init_args: dict[str, Any]) -> list[str]:
+        """The path that does not import and the options the function cannot take, from the parsed ``init_args``:
+        one line each, before any callback (or weight) is built."""
+        path, options = init_args.get("function"), dict(init_args.get("options") or {})
+        where = "trainer.callbacks: FunctionReward"
         try:
-            signature = inspect.signature(self.function)
-        except (TypeError, ValueError):  # some builtins have none: nothing to check
-            return
-        try:
-            signature.bind(None, None, None, **self.options)
-        except TypeError as err:
-            raise ValueError(f"FunctionReward {self.name!r}: {function}{signature} cannot take "
-                             f"(images, prompts, metadata, **{self.options}): {err}") from err
+            function = import_callable(str(path))
+        except (ImportError, ValueError) as err:
+            return [f"{where} {err}"]
+        problem = options_problem(function, options)
+        return [f"{where} function={path!r}{problem}; fix init_args.options"] if problem else []
 
     def _score(self, images: Tensor, prompts: list[str], metadata: dict[str, Any]) -> Tensor:
         out = self.function(images, prompts, metadata, **self.options)

@@ -73,19 +73,29 @@ def test_eval_samples_per_prompt_on_two_ranks_cover_each_prompt_k_times_with_dis
 
 
 def test_loader_resumes_after_the_consumed_batches():
-    layout = GroupLayout(num_prompts=12, num_groups=2, group_size=2, seed=1)
-    processed = [0]
+    layout = GroupLayout(num_prompts=12, num_groups=2, group_size=2, seed=1)  # 6 batches per epoch
+    processed = [20]  # the trainer has processed 20 batches: epoch 3, batch 2
     loader = GroupBatchLoader([str(i) for i in range(12)], layout, rank=0, consumed=lambda: processed[0])
-    loader.sampler.set_epoch(3)
     it = iter(loader)
     batches = [next(it), next(it), next(it)]  # the trainer processed two; the fetcher read a third ahead
-    processed[0] = 2
+    assert torch.equal(batches[0]["seeds"], group_batch(layout, 3, 2, 0)["seeds"])
+    processed[0] = 22
     state = loader.state_dict()
-    assert state == {"epoch": 3, "consumed": 2}
+    assert state == {"position": 22}
     fresh = GroupBatchLoader([str(i) for i in range(12)], layout, rank=0)
     fresh.load_state_dict(state)
     assert torch.equal(next(iter(fresh))["seeds"], batches[2]["seeds"])
-    assert fresh.state_dict() == {"epoch": 3, "consumed": 3}  # without a trainer: the batches handed out
+    assert fresh.state_dict() == {"position": 23}  # without a trainer: the batches handed out
+    old = GroupBatchLoader([str(i) for i in range(12)], layout, rank=0)
+    old.load_state_dict({"epoch": 3, "consumed": 4})  # a checkpoint of the per-epoch format
+    assert torch.equal(next(iter(old))["seeds"], group_batch(layout, 3, 4, 0)["seeds"])
+
+
+def test_an_iteration_continues_the_epoch_of_the_position_whatever_lightning_counts():
+    layout = GroupLayout(num_prompts=4, num_groups=2, group_size=2, seed=1)  # 2 batches per epoch
+    processed = [3]  # Lightning cut an epoch short after one batch (a resumed run's first epoch)
+    loader = GroupBatchLoader([str(i) for i in range(4)], layout, rank=0, consumed=lambda: processed[0])
+    assert [b["seeds"].tolist() for b in loader] == [group_batch(layout, 1, 1, 0)["seeds"].tolist()]
 
 
 def test_val_limit_keeps_the_first_validation_prompts(tmp_path):

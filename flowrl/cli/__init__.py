@@ -10,6 +10,8 @@ as a one-key config layer, in place: jsonargparse turns such a command-line ``nu
 ``predict`` takes short options (``--prompts``, ``--seeds``, ...; :mod:`flowrl.cli.predict`) and writes images
 with :class:`flowrl.callbacks.ImageWriter`. The console shows the run: :class:`flowrl.callbacks.RunHeader` at the
 start, :class:`flowrl.callbacks.RunProgressBar`, and :mod:`flowrl.cli.warning_filters` filters what is not the run's.
+A SIGTERM stops ``fit`` after the current batch with a checkpoint and the summary
+(:class:`flowrl.callbacks.SigtermStop`), and the process exits 143.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ import flowrl.cli.warning_filters  # noqa: F401  first: its filters must be in p
 from flowrl.callbacks.image_writer import ImageWriter
 from flowrl.callbacks.progress import RunProgressBar
 from flowrl.callbacks.run_header import RunHeader
+from flowrl.callbacks.sigterm_stop import SigtermStop
 from flowrl.cli.arguments import null_overrides_as_configs
-from flowrl.cli.config_checks import checkpoint_problems, config_problems, predict_problems
+from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint
+from flowrl.cli.config_checks import config_problems, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, release_unused, share_log_versions
 from flowrl.cli.method_switch import method_switch
+from flowrl.cli.rendezvous import rendezvous_notice
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
 
@@ -64,6 +69,9 @@ class FlowRLCLI(LightningCLI):
         if ckpt := config.get("ckpt_path"):
             if problems := checkpoint_problems(str(ckpt)):
                 raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+            if (found := resolve_checkpoint(str(ckpt))) != Path(str(ckpt)).expanduser():
+                print(f"flowrl: ckpt_path={ckpt} is a run folder; loading its {found}", flush=True)
+                config["ckpt_path"] = str(found)
         super()._parse_ckpt_path()
 
     def parse_arguments(self, parser, args) -> None:
@@ -80,6 +88,8 @@ class FlowRLCLI(LightningCLI):
             callbacks.append(RunProgressBar())
         if self.subcommand == "fit" and not any(isinstance(c, RunHeader) for c in callbacks):
             callbacks.append(RunHeader())
+        if self.subcommand == "fit" and not any(isinstance(c, SigtermStop) for c in callbacks):
+            callbacks.append(SigtermStop())  # says it stops, saves a checkpoint and the summary on SIGTERM
         if self.subcommand == "predict":
             if not any(isinstance(c, BasePredictionWriter) for c in callbacks):
                 callbacks.append(ImageWriter())
@@ -89,9 +99,19 @@ class FlowRLCLI(LightningCLI):
         trainer["callbacks"] = callbacks
         return super().instantiate_trainer(**kwargs)
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        finally:  # a long-lived process (a test, a notebook) gets its own SIGTERM handler back whatever ended the fit
+            for callback in self.trainer.callbacks if self.trainer is not None else []:
+                if isinstance(callback, SigtermStop):
+                    callback.restore()
+
     def before_fit(self) -> None:
         # the CSV writer of a fresh version starts while the folder is still empty: Lightning warns about (and would
         # delete) an older metrics.csv when it finds the folder non-empty, which here only means TensorBoard's events
+        if launched_as_rank_zero() and (notice := rendezvous_notice(self.trainer)):
+            print(notice, flush=True)  # once, before the rendezvous, which waits in silence until its timeout
         if launched_as_rank_zero():
             for logger in self.trainer.loggers:
                 if isinstance(logger, CSVLogger):

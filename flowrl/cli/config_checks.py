@@ -7,12 +7,13 @@ problem names the key and the fix; all are raised together.
 from __future__ import annotations
 
 import importlib
-import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
+from flowrl.checkpoint_paths import checkpoint_problems
 from flowrl.data import GroupLayout, load_prompts
 from flowrl.methods.base import BaseModule
+from flowrl.checkpoint_fit import checkpoint_fit_problems
 from flowrl.methods.option_surface import bound_options, option_problems
 from flowrl.model_paths import model_problems
 from flowrl.prompt_records import config_record_problems
@@ -35,8 +36,12 @@ def config_problems(config: Any) -> list[str]:
     problems = []
     callbacks = config.get("trainer", {}).get("callbacks") or []
     rewards = [c for c in callbacks if isinstance(c, dict) or hasattr(c, "class_path")]
-    reward_paths = [c["class_path"] for c in map(_as_dict, rewards)
-                    if issubclass(_class(c["class_path"]), RewardCallback)]
+    reward_paths = []
+    for node in map(_as_dict, rewards):
+        cls = _class(node["class_path"])
+        if issubclass(cls, RewardCallback):
+            reward_paths.append(node["class_path"])
+            problems += cls.config_problems(_as_dict(node.get("init_args")))
     if not reward_paths:
         problems.append("trainer.callbacks has no reward callback; add one, e.g. "
                         "`- class_path: flowrl.rewards.DigitAlignment`")
@@ -68,7 +73,8 @@ def config_problems(config: Any) -> list[str]:
                    if (repository / source).is_file() else "give a .txt/.jsonl file or a list of prompts")
             problems.append(f"data.{key}={source!r} does not exist (relative paths start at {Path.cwd()}); {fix}")
     if ckpt := config.get("ckpt_path"):
-        problems += checkpoint_problems(str(ckpt))
+        problems += checkpoint_problems(str(ckpt)) or checkpoint_fit_problems(str(ckpt), method,
+                                                                               init_args.get("policy"), "resume")
     problems += config_record_problems(config)  # images the policy takes (an edit's sources) or does not
     return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
 
@@ -120,30 +126,15 @@ def schedule_problems(options: dict, trainer: dict, local_batch_size: int) -> li
     return problems
 
 
-def checkpoint_problems(path: str) -> list[str]:
-    """A ``--ckpt_path`` that cannot be a checkpoint: missing, empty, or a file that is not a ``torch.save`` zip
-    (Lightning's special values ``last``/``best``/``hpc``/``registry`` and sharded checkpoint folders pass).
-
-    >>> checkpoint_problems("/no/such.ckpt")  # doctest: +ELLIPSIS
-    ["ckpt_path='/no/such.ckpt' does not exist; ..."]
-    """
-    if path in ("last", "best", "hpc", "registry") or path.startswith("registry:"):
-        return []
-    file = Path(path).expanduser()
-    if not file.exists():
-        return [f"ckpt_path={path!r} does not exist; pass an existing .ckpt (e.g. "
-                "runs/<name>/version_N/checkpoints/last.ckpt), or leave ckpt_path out"]
-    fix = "pass an earlier step's checkpoint from the same folder, or leave ckpt_path out"
-    if file.is_file() and file.stat().st_size == 0:
-        return [f"ckpt_path={path!r} is empty (0 bytes: a save that was cut off); {fix}"]
-    if file.is_file() and not zipfile.is_zipfile(file):
-        return [f"ckpt_path={path!r} is not a complete checkpoint (not a torch.save zip archive: truncated or "
-                f"another kind of file); {fix}"]
-    return []
-
-
 def predict_problems(config: Any) -> list[str]:
-    """Problems of a parsed ``predict`` config found before any weight loads: prompts that cannot be read."""
+    """Problems of a parsed ``predict`` config found before any weight loads: a checkpoint that does not fit the
+    config's method and policy, prompts that cannot be read."""
+    model = _as_dict(config.get("model"))
+    if (ckpt := config.get("ckpt_path")) and model.get("class_path") and not checkpoint_problems(str(ckpt)):
+        fit = checkpoint_fit_problems(str(ckpt), _class(model["class_path"]),
+                                      _as_dict(model.get("init_args")).get("policy"), "predict")
+        if fit:
+            return fit
     data = _as_dict(config.get("data"))
     source = data.get("predict_prompts") if data.get("predict_prompts") is not None else data.get("val_prompts")
     if source is None:

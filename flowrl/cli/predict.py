@@ -17,7 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Optional
+
+from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint, run_config
+from flowrl.output_dirs import unwritable
+from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint
 
 DESCRIPTION = ("Generate images from a trained run (a fit checkpoint, an exported LoRA folder, or the base model of "
                "a config) and score them with the run's reward callbacks.")
@@ -43,14 +46,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_config(ckpt: Path) -> Optional[Path]:
-    """The ``config.yaml`` LightningCLI saved for the run of ``ckpt`` (in its version folder), if any."""
-    for folder in (ckpt.parent, ckpt.parent.parent):
-        if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
-    return None
-
-
 def predict_arguments(args: list[str]) -> list[str]:
     """LightningCLI ``predict`` arguments for the short options in ``args`` (the others pass on unchanged).
 
@@ -59,12 +54,17 @@ def predict_arguments(args: list[str]) -> list[str]:
 
     >>> predict_arguments(["--config", "c.yaml", "--prompts", "a cat", "--seeds", "3", "--num_steps", "20"])
     ['predict', '--config', 'c.yaml', '--data.predict_prompts', '["a cat"]', '--data.predict_seeds', '[3]', \
-'--model.init_args.eval_num_steps', '20', '--return_predictions', 'false']
+'--model.init_args.eval_num_steps', '20', '--trainer.devices=1', '--trainer.num_nodes=1', '--trainer.strategy=auto', \
+'--return_predictions', 'false']
     """
     opts, rest = parser().parse_known_args(args)
     problems, configs = [], list(opts.config)
-    if opts.ckpt_path and not configs:
-        found = run_config(Path(opts.ckpt_path).expanduser())
+    ckpt = resolve_checkpoint(opts.ckpt_path) if opts.ckpt_path else None  # a run's folder: its last.ckpt
+    if opts.ckpt_path and (wrong := checkpoint_problems(opts.ckpt_path)):  # first: a config found is no use then
+        problems += [w.replace("ckpt_path=", "--ckpt_path ", 1).replace("leave ckpt_path out", "leave it out")
+                     for w in wrong]
+    elif ckpt is not None and not configs:
+        found = run_config(ckpt)
         if found is None:
             problems.append(f"--ckpt_path {opts.ckpt_path}: no config.yaml beside it or in its run folder; pass the "
                             "run's config with --config")
@@ -84,11 +84,16 @@ def predict_arguments(args: list[str]) -> list[str]:
     for name in ("num_steps", "batch_size"):
         if getattr(opts, name) is not None and getattr(opts, name) < 1:
             problems.append(f"--{name} {getattr(opts, name)}: must be at least 1")
+    if bad := [s for s in opts.seeds or [] if not 0 <= s < 2**63]:
+        problems.append(f"--seeds {' '.join(map(str, bad))}: a seed must be in [0, 2**63) (a 64-bit generator "
+                        "seed), e.g. --seeds 0 1 2 3")
+    if opts.out and (why := unwritable(opts.out)):
+        problems.append(f"--out {opts.out} cannot be written ({why}); pick a writable folder")
     if problems:
         raise SystemExit("flowrl predict: invalid options:\n  " + "\n  ".join(problems))
     out = ["predict", *[arg for config in configs for arg in ("--config", config)]]
-    if opts.ckpt_path:
-        out += ["--ckpt_path", opts.ckpt_path]
+    if ckpt is not None:
+        out += ["--ckpt_path", str(ckpt)]
     if opts.prompts or opts.prompt_file:
         out += ["--data.predict_prompts", json.dumps(opts.prompts) if opts.prompts else opts.prompt_file]
     if opts.seeds:
@@ -103,4 +108,9 @@ def predict_arguments(args: list[str]) -> list[str]:
         out += ["--trainer.callbacks+=flowrl.callbacks.LoraWeights", f"--trainer.callbacks.folder={opts.lora}"]
     if opts.out:
         out += ["--trainer.callbacks+=flowrl.callbacks.ImageWriter", f"--trainer.callbacks.output_dir={opts.out}"]
+    if not any(a.split("=")[0] in ("--trainer.devices", "--trainer.num_nodes", "--trainer.strategy") for a in rest):
+        # one process, whatever the run trained on (its config may say 2 devices and fsdp2): ImageWriter writes one
+        # folder from one process; a sharded checkpoint loads into FSDP2 on that one process
+        sharded = ckpt is not None and is_sharded_checkpoint(ckpt)
+        out += ["--trainer.devices=1", "--trainer.num_nodes=1", f"--trainer.strategy={'fsdp2' if sharded else 'auto'}"]
     return [*out, "--return_predictions", "false", *rest]

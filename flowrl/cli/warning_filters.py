@@ -45,3 +45,10 @@ logging.getLogger("transformers.utils.import_utils").addFilter(
 # Lightning advertises its hosted logger and checkpoint store ("💡 Tip: ...") at every start: not about the run.
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
     logging.getLogger(_name).addFilter(DropMessages(prefixes=("💡 Tip:",)))
+# On SIGTERM, Lightning logs "Received SIGTERM: 15" on every rank and ModelCheckpoint "An SIGTERMException was raised
+# with message: , saved checkpoint to ..." (its own save on exception): flowrl.callbacks.SigtermStop says both once,
+# with the step, the checkpoint to resume from and the exit status.
+logging.getLogger("lightning.pytorch.trainer.connectors.signal_connector").addFilter(
+    DropMessages(fragments=("Received SIGTERM:",)))
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    logging.getLogger(_name).addFilter(DropMessages(prefixes=("An SIGTERMException was raised",)))

@@ -28,23 +28,25 @@ from lightning.pytorch.utilities.parsing import collect_init_args
 from torch import Tensor
 
 from flowrl import advantages as adv_lib
+from flowrl.checkpoint_fit import load_mismatch, method_path
 from flowrl.methods.batch import GATHERED, Batch, hook_value
-from flowrl.methods.distributed import Distributed
 from flowrl.methods.option_surface import (at_least, checked_options, guidance_scale_problems,
                                            optimizer_problems)
+from flowrl.methods.trained_pairs import UntrainedBatches, trained_pairs
+from flowrl.methods.trajectories import Trajectories
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import AGGREGATIONS
 from flowrl.rewards.reward_set import row_metadata
 from flowrl.sampling.completions import Completions
 from flowrl.sampling.rollout import Rollout
-from flowrl.sampling.sampler import sample, sde_steps
 from flowrl.sampling.steps import ODE_STEPS
+from flowrl.strategies.atomic_checkpoint import use_atomic_saves
 from flowrl.strategies.fsdp2 import shard_for_strategy
 from flowrl.training.nonfinite import NonfiniteSteps
 
 
-class BaseModule(Distributed):
+class BaseModule(Trajectories):
     """Options every method has (all appear in ``python -m flowrl fit --help``).
 
     Args:
@@ -65,17 +67,22 @@ class BaseModule(Distributed):
         max_nonfinite_steps: an optimizer step whose loss or gradient norm is NaN or inf (on any rank) is skipped
             and counted (``train/nonfinite_steps``); this many skipped in a row stop the run with an error naming
             the quantity.
+        max_untrained_batches: a batch with no (sample, step) pair left to train (every advantage non-finite, every
+            trained step weighted 0) takes no optimizer step and is counted (``train/untrained_batches``); this many
+            in a row stop the run with an error.
         seed: seeds the method's own randomness (the shuffling of training pairs, calibration noise).
     """
 
     min_group_size = 2  # samples per prompt a method needs (1: a method that groups one tree per prompt)
     raw_rewards = False  # a method that differences rewards along a trajectory needs reward_aggregation: sum
+    named_adapters: tuple[str, ...] = ()  # LoRA adapters the method adds beside the policy's own (``default``)
 
     def __init__(self, policy: FlowPolicy, num_steps: int = 10, eval_num_steps: Optional[int] = None,
                  guidance_scale: float = 4.5, advantage: str = "grpo@flow_grpo",
                  advantage_options: Optional[dict[str, Any]] = None, reward_aggregation: str = "sum",
                  sample_chunk_size: Optional[int] = None, optimizer: OptimizerCallable = torch.optim.AdamW,
-                 max_grad_norm: Optional[float] = 1.0, max_nonfinite_steps: int = 3, seed: int = 0):
+                 max_grad_norm: Optional[float] = 1.0, max_nonfinite_steps: int = 3, max_untrained_batches: int = 3,
+                 seed: int = 0):
         # the arguments of every __init__ of the chain (as Lightning's save_hyperparameters collects them): every option
         # of the method is checked here, before any subclass's __init__ has done more than call this one
         given: dict[str, Any] = {}
@@ -92,13 +99,15 @@ class BaseModule(Distributed):
         self.reward_aggregation, self.sample_chunk_size = reward_aggregation, sample_chunk_size
         self.max_grad_norm, self.seed = max_grad_norm, seed
         self.nonfinite = NonfiniteSteps(max_nonfinite_steps)  # checkpointed
+        self.untrained = UntrainedBatches(max_untrained_batches)  # checkpointed
         self.step_kind = ODE_STEPS[policy.prediction]  # training rollouts: the ODE unless a method samples an SDE
         self.completions: Optional[Completions] = None  # dense step-reward methods set one
         self.unlogged_evaluations = 0.0  # evaluations spent outside rollouts (calibration), counted at the next log
 
     @classmethod
     def check_options(cls, o) -> list[str]:
-        problems = at_least(o, 1, ("num_steps", "eval_num_steps", "max_nonfinite_steps", "sample_chunk_size"))
+        problems = at_least(o, 1, ("num_steps", "eval_num_steps", "max_nonfinite_steps", "max_untrained_batches",
+                                   "sample_chunk_size"))
         problems += at_least(o, 0, ("max_grad_norm",), strict=True, hint=" (or null: no clipping)")
         try:
             adv_lib.resolve(o.advantage, **(o.advantage_options or {}))
@@ -124,6 +133,7 @@ class BaseModule(Distributed):
     def configure_model(self) -> None:
         # Lightning calls this under every strategy, before the optimizers exist; only FSDP2 changes the model here
         shard_for_strategy(self.trainer.strategy, self.policy)
+        use_atomic_saves(self.trainer.strategy)  # a failed save keeps the previous checkpoint; `last` the newest
 
     def on_fit_start(self) -> None:
         if not len(self.reward_set):
@@ -137,10 +147,19 @@ class BaseModule(Distributed):
                                   "\n  ".join(problems or ["on another rank; see its error"]))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["flowrl_loop"] = self.nonfinite.state_dict()
+        checkpoint["flowrl_loop"] = {**self.nonfinite.state_dict(), **self.untrained.state_dict()}
+        checkpoint["flowrl_method"] = method_path(type(self))  # read before loading (checkpoint_fit)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # before Lightning loads the weights (FSDP2 loads them earlier, in its strategy): one line, not torch's list of
+        # every missing and unexpected key, for a checkpoint of another method or policy
+        saved = {k: tuple(v.shape) for k, v in checkpoint.get("state_dict", {}).items()}
+        if "state_dict" in checkpoint and self.strict_loading and (why := load_mismatch(
+                saved, {k: tuple(v.shape) for k, v in self.state_dict().items()}, checkpoint.get("flowrl_method"),
+                method_path(type(self)))):
+            raise RuntimeError(f"{why}; load it with the config of the run that wrote it (the config.yaml beside it)")
         self.nonfinite.load_state_dict(checkpoint.get("flowrl_loop", {}))
+        self.untrained.load_state_dict(checkpoint.get("flowrl_loop", {}))
 
     # -- the loop ------------------------------------------------------------------------------------------
 
@@ -156,7 +175,10 @@ class BaseModule(Distributed):
         sampling_s = time.perf_counter() - started
         credited = self.credit(self.gathered(rollout))
         rollout.step_rewards, rollout.train_mask = credited.mine(credited.step_rewards), credited.mine(credited.trained)
-        metrics = self.update(rollout, cond, credited)
+        pairs, why = trained_pairs(credited.trained, credited.valid, credited.loss_weights, credited.advantages)
+        skip = self.untrained.skip(pairs, self.global_step, why)  # the gathered batch: one decision on every rank
+        metrics = {} if skip else self.update(rollout, cond, credited)
+        metrics["untrained_batches"] = float(self.untrained.in_a_row)
         self.log_step(rollout, credited, {**credited.diagnostics, **metrics}, sampling_s, cond.guided)
         mine = credited.rows
         return {"images": rollout.images, "prompts": rollout.prompts, "rewards": credited.total[mine],
@@ -223,54 +245,6 @@ class BaseModule(Distributed):
         share of the batch's); return the metrics to log as ``train/<key>``. Each method defines its own."""
         raise NotImplementedError(f"{type(self).__name__} does not define update()")
 
-    # -- hooks: sampling -----------------------------------------------------------------------------------
-
-    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
-        """Sample the batch's rows (conditioned by ``cond``'s rows ``batch["cond_rows"]``, by default row ``i`` by row
-        ``i``) with the step kind's SDE on the ``sde_mask`` steps, then score the ODE completions of
-        ``completion_starts``, each with its row's metadata (``batch["images"]``, like ``cond``, per conditioning
-        row)."""
-        sigmas = self.policy.sigmas(self.num_steps).to(self.device)
-        mask = self.sde_mask()
-        cond_rows = batch.get("cond_rows", torch.arange(len(batch["seeds"]), device=self.device))
-        reuse = self.completions is not None and self.completions.completion_steps == 0
-        velocities = [] if reuse else None  # kept only for completions that reuse them
-        latents, log_probs = sample(self.velocity_fn(cond, cond_rows), batch["seeds"], sigmas,
-                                    self.policy.latent_shape(), self.step_kind, self.noise_levels(), mask, self.device,
-                                    velocities)
-        size = latents.shape[0]
-        train = self.trained_steps(mask, sigmas.cpu()).to(self.device)
-        rollout = Rollout(prompts=batch["prompts"], group_ids=batch["group_ids"], seeds=batch["seeds"],
-                          latents=latents, log_probs=log_probs, sigmas=sigmas.expand(size, -1),
-                          train_mask=train.expand(size, -1).clone(), cond_rows=cond_rows,
-                          nfe=torch.full((size,), self.num_steps, device=self.device),
-                          velocities=torch.stack(velocities, 1) if reuse else None)
-        starts = self.completion_starts()
-        if starts is not None:  # each completion scored with its trajectory's metadata (an edit: its sources)
-            metadata = row_metadata(rollout.group_ids, rollout.seeds, rollout.cond_rows, batch.get("images"))
-            rollout.completion_rewards, nfe = self.completions.score(
-                rollout, starts, self.velocity_fn(cond, rollout.cond_rows), self.policy.decode,
-                self.reward_set.row_scorer(metadata, size), ODE_STEPS[self.policy.prediction])
-            rollout.nfe = rollout.nfe + nfe
-        return rollout
-
-    def noise_levels(self) -> Tensor:
-        """Per-step noise scale ``[T]`` of the SDE (none for a deterministic rollout)."""
-        return torch.zeros(self.num_steps)
-
-    def sde_mask(self) -> Tensor:
-        """Which sampling steps are stochastic ``[T]`` (default: all, for an SDE ``step_kind``)."""
-        return sde_steps(self.num_steps, self.step_kind)
-
-    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
-        """Which steps carry credit ``[T]``. A method that trains no log-prob (TDM-R1, DiffusionNFT) credits the
-        outcome to the last step, the clean sample's."""
-        return torch.arange(self.num_steps) == self.num_steps - 1
-
-    def completion_starts(self) -> Optional[Tensor]:
-        """The states whose ODE completions are scored into ``completion_rewards`` (None: none)."""
-        return None
-
     # -- hooks: on the batch gathered from every rank -------------------------------------------------------
 
     def step_rewards(self, batch: Batch):
@@ -303,33 +277,3 @@ class BaseModule(Distributed):
         """Weights ``[B, T]`` of a likelihood term ``-w log p`` beside the policy loss (None: none; Dynamic-TreeRPO's
         LayerTuning-RL declares one)."""
         return None
-
-    # -- logging -------------------------------------------------------------------------------------------
-
-    def log_step(self, rollout: Rollout, batch: Batch, metrics: dict[str, float], sampling_s: float,
-                 guided: bool) -> None:
-        """The metrics every method logs, with the same names, then ``train/<key>`` of ``metrics``."""
-        size = rollout.batch_size
-        log = lambda name, value, **kw: self.log(name, value, batch_size=size, **kw)  # noqa: E731
-        for name, scores in rollout.rewards.items():
-            finite = torch.isfinite(scores)
-            log(f"train/reward/{name}", scores[finite].mean() if finite.any() else torch.nan, sync_dist=True)
-            if not finite.all():
-                log(f"train/reward/{name}_nonfinite", (~finite).sum().float(), reduce_fx="sum", sync_dist=True)
-        total, valid = self.reward_set.total(rollout.rewards)[0], batch.mine(batch.valid)
-        log("train/reward/total", total[valid].mean() if valid.any() else torch.nan, prog_bar=True, sync_dist=True)
-        trained = batch.mine(batch.advantages)[rollout.train_mask]
-        log("train/advantage/mean", trained.mean())
-        log("train/advantage/std", trained.std() if trained.numel() > 1 else torch.zeros(()))
-        for key, value in metrics.items():
-            log(f"train/{key}", value)
-        nfe = float(rollout.nfe.sum()) / size  # mean model evaluations per row (a tree's leaf: its share)
-        log("rollout/nfe", nfe)
-        log("rollout/forward_passes", nfe * (2 if guided and self.guidance_scale != 1.0 else 1))  # a CFG pair: 2
-        # the batch's model evaluations over every rank: the compute budget methods are compared at
-        log("rollout/evaluations", rollout.nfe.sum().float() + self.unlogged_evaluations, reduce_fx="sum",
-            sync_dist=True)
-        self.unlogged_evaluations = 0.0
-        transitions = int(rollout.train_mask.sum())  # the batch's evaluations per transition the loss trains
-        log("rollout/nfe_per_trained_step", float(rollout.nfe.sum()) / transitions if transitions else float("nan"))
-        log("rollout/samples_per_s", size / max(sampling_s, 1e-9))

@@ -76,7 +76,14 @@ class BranchGRPO(TreeMethod):
         problems = []
         splits = split_steps_of(o.num_steps, o.split_steps)
         if not splits or splits[0] < 0 or splits[-1] >= o.num_steps or len(set(splits)) != len(splits):
-            problems.append(f"model.split_steps={splits}: distinct steps in [0, {o.num_steps})")
+            given = (f"model.split_steps={splits}" if o.split_steps is not None else
+                     f"model.split_steps is unset, and its default at num_steps={o.num_steps} is {splits}")
+            example = list(range(min(o.num_steps, 4)))
+            problems.append(f"{given}: set distinct steps in [0, {o.num_steps}), e.g. {example}")
+        pruned = list(o.depth_pruning or [])
+        if any(not isinstance(k, int) or not 0 <= k < o.num_steps for k in pruned) or len(set(pruned)) != len(pruned):
+            problems.append(f"model.depth_pruning={pruned}: list distinct steps in [0, {o.num_steps}) whose edges are "
+                            "not trained (step numbers, not Python indices: -1 is not the last step)")
         problems += at_least(o, 2, ("branches",)) + at_least(o, 0, ("split_noise_scale",), strict=True)
         problems += at_least(o, 1, ("width_pruning_count",)) + at_least(o, 1, ("mix_window",), hint=" (or null)")
         if o.width_pruning not in WIDTH_PRUNING:
@@ -91,10 +98,11 @@ class BranchGRPO(TreeMethod):
                          side=(0,) * T, stop=T,
                          noise_scale=tuple(o.split_noise_scale if k in splits else 1.0 for k in range(T)))
 
-    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+    @classmethod
+    def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
         """Every stochastic step but the ``depth_pruning`` ones."""
-        mask = trained_steps(sde_mask, 1.0, sigmas, self.step_kind)
-        mask[self.depth_pruning] = False
+        mask = trained_steps(sde_mask, 1.0, sigmas, o.step_kind)
+        mask[sorted(o.depth_pruning or [])] = False
         return mask
 
     def loss_weights(self, batch: Batch) -> Tensor:

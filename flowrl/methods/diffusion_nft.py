@@ -74,6 +74,8 @@ class DiffusionNFT(BaseModule):
         old_decay: the soft update of the sampling policy ``old`` after each batch.
     """
 
+    named_adapters = ("old",)  # the sampling policy, beside the trained ``default``
+
     def __init__(self, policy: FlowPolicy, guidance_scale: float = 1.0, step_kind: Optional[str] = None,
                  noise_level: float = 0.7, nft_beta: float = 1.0, beta: float = 1e-4, advantage_clip: float = 5.0,
                  advantage_mode: str = "all", timestep_fraction: float = 0.99, num_minibatches: int = 1,
@@ -84,7 +86,7 @@ class DiffusionNFT(BaseModule):
         self.advantage_clip, self.advantage_mode, self.timestep_fraction = (advantage_clip, advantage_mode,
                                                                             timestep_fraction)
         self.num_minibatches, self.micro_batch_size, self.old_decay = num_minibatches, micro_batch_size, old_decay
-        policy.add_adapter("old", policy.lora, trainable=False)
+        policy.add_adapter(self.named_adapters[0], policy.lora, trainable=False)
         follow(policy, "old", "default", 0.0)  # a copy
 
     @classmethod

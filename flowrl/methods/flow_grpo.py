@@ -41,5 +41,6 @@ class FlowGRPO(PolicyGradient):
             return [f"model.timestep_fraction={o.timestep_fraction} must be in (0, 1]"]
         return []
 
-    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
-        return trained_steps(sde_mask, self.timestep_fraction, sigmas, self.step_kind)
+    @classmethod
+    def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+        return trained_steps(sde_mask, o.timestep_fraction, sigmas, o.step_kind)

@@ -16,6 +16,8 @@ import inspect
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from flowrl.methods.trained_pairs import untrained_problems
+
 _SKIPPED = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
@@ -65,12 +67,16 @@ def bound_options(cls: type, args: tuple = (), kwargs: Optional[dict] = None) ->
 
 def option_problems(cls: type, *args: Any, **kwargs: Any) -> list[str]:
     """Every problem with the options of method ``cls`` given as ``cls(*args, **kwargs)`` would take them: unknown
-    keys, then each class's ``check_options`` along the MRO, base first. Model-free and weight-free."""
+    keys, then each class's ``check_options`` along the MRO, base first, then (when those pass) the rule every method
+    shares, that a batch trains some (sample, step) pair (:mod:`flowrl.methods.trained_pairs`). Model-free and
+    weight-free."""
     options, problems = bound_options(cls, args, kwargs)
     for klass in reversed(cls.__mro__):
         check = klass.__dict__.get("check_options")
         if check is not None:
             problems += check.__func__(cls, options)
+    if not problems and hasattr(cls, "trained_step_mask"):  # one rule for every method, on options known sound
+        problems += untrained_problems(cls, options, declared_options(cls))
     return problems
 
 

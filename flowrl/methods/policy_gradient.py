@@ -106,9 +106,10 @@ class PolicyGradient(BaseModule):
         """Per-step noise scale ``[T]`` (DenseGRPO calibrates it)."""
         return torch.full((self.num_steps,), float(self.noise_level))
 
-    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+    @classmethod
+    def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
         """Which steps the loss trains ``[T]`` (default: every stochastic step with a non-zero std)."""
-        return trained_steps(sde_mask, 1.0, sigmas, self.step_kind)
+        return trained_steps(sde_mask, 1.0, sigmas, o.step_kind)
 
     # -- the update ----------------------------------------------------------------------------------------
 

@@ -77,6 +77,8 @@ class TDMR1(BaseModule):
             diffusers' ``save_lora_weights``, or an embedded ``flowrl/<name>``), e.g. a distilled few-step model.
     """
 
+    named_adapters = (*ADAPTERS[1:], "surrogate_old")  # beside the generator, ``default``
+
     def __init__(self, policy: FlowPolicy, num_steps: int = 4, guidance_scale: float = 1.0, num_train_steps: int = 2,
                  trunc_steps: Optional[int] = None, teacher_guidance: float = 4.5, surrogate_guidance: float = 2.5,
                  tdm_weight: float = 0.3, beta: float = 1e-3, beta_dpo: float = 1.0, clip_range: float = 1e-3,
@@ -94,9 +96,8 @@ class TDMR1(BaseModule):
         self.trunc_steps = num_steps if trunc_steps is None else trunc_steps
         self.adapter_optimizer_options = dict(adapter_optimizer_options or {})
         fresh = dataclasses.replace(policy.lora, init=None)  # the others start as peft starts them
-        for name in ADAPTERS[1:]:
-            policy.add_adapter(name, fresh)
-        policy.add_adapter("surrogate_old", fresh, trainable=False)
+        for name in self.named_adapters:
+            policy.add_adapter(name, fresh, trainable=name in ADAPTERS)
         if generator_init is not None:
             from flowrl.policies.adapter_weights import load_adapter
 

@@ -72,16 +72,24 @@ class TempFlowGRPO(TreeMethod):
             problems.append(f"model.branches={o.branches}: step advantages need at least 2 branches per step")
         if not 0 < o.timestep_fraction <= 1:
             return problems + [f"model.timestep_fraction={o.timestep_fraction} must be in (0, 1]"]
-        steps = branch_steps_of(o.num_steps, o.branch_steps, o.timestep_fraction)
-        if not steps or steps[0] < 0 or steps[-1] >= o.num_steps - 1:
-            problems.append(f"model.branch_steps={steps}: choose steps in [0, {o.num_steps - 1}) (the last step lands "
-                            "on the image: nothing is left to complete)")
+        if o.branch_steps is None:  # the first floor(T x fraction) steps branch (none: the rule every method shares)
+            steps = branch_steps_of(o.num_steps, None, o.timestep_fraction)
+            if steps and steps[-1] >= o.num_steps - 1:
+                problems.append(f"model.timestep_fraction={o.timestep_fraction} branches on the last of the "
+                                f"{o.num_steps} steps (branch_steps unset: the first floor(T x fraction)), which "
+                                "lands on the image with nothing left to complete; lower it or set branch_steps")
+            return problems
+        steps = sorted(o.branch_steps)
+        if not steps or steps[0] < 0 or steps[-1] >= o.num_steps - 1 or len(set(steps)) != len(steps):
+            problems.append(f"model.branch_steps={o.branch_steps}: choose distinct steps in [0, {o.num_steps - 1}) (the "
+                            "last step lands on the image: nothing is left to complete; a repeated step would branch "
+                            "twice from one state)")
         return problems
 
     @classmethod
     def shape_of(cls, o, batch: int = 0) -> TreeShape:
         T, steps = o.num_steps, branch_steps_of(o.num_steps, o.branch_steps, o.timestep_fraction)
-        side, last = tuple(o.branches if k in steps else 0 for k in range(T)), steps[-1]
+        side, last = tuple(o.branches if k in steps else 0 for k in range(T)), (steps or [-1])[-1]
         return TreeShape(splits=(1,) * T, sde=(False,) * T, noise_scale=(1.0,) * T, side=side, stop=last + 1,
                          frontier_leaves=False)
 

@@ -72,18 +72,16 @@ class TPGRPO(PolicyGradient):
         if o.window_start < 0 or o.window_size < 1 or o.window_start + o.window_size > o.num_steps:
             problems.append(f"model.window_start={o.window_start}, model.window_size={o.window_size}: the SDE window "
                             f"[start, start + size) must lie in the {o.num_steps} sampling steps with size >= 1")
-        elif o.step_kind == "cps" and o.window_size == 1 and o.window_start == o.num_steps - 1:
-            problems.append("model.window_size=1 on the last step: a CPS step landing on sigma 0 has no log-prob, so "
-                            "nothing would train; start the window earlier")
         if o.first_step not in FIRST_STEP_RULES:
             problems.append(f"model.first_step={o.first_step!r}: choose one of {list(FIRST_STEP_RULES)}")
         return problems
 
     # -- hooks ---------------------------------------------------------------------------------------------
 
-    def sde_mask(self) -> Tensor:
+    @classmethod
+    def sde_mask(cls, o) -> Tensor:
         """The SDE on the window steps, the ODE elsewhere."""
-        return sde_steps(self.num_steps, self.step_kind, self.window)
+        return sde_steps(o.num_steps, o.step_kind, (o.window_start, o.window_start + o.window_size))
 
     def completion_starts(self) -> Tensor:
         """The states entering the window steps: ``completion_rewards [B, n]`` holds ``R_0 .. R_{n-1}``."""

@@ -17,6 +17,7 @@ from torch import Tensor
 from flowrl.methods.batch import Batch
 from flowrl.methods.option_surface import at_least
 from flowrl.methods.policy_gradient import PolicyGradient
+from flowrl.methods.trained_pairs import placeholder_sigmas
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import MAX_NOISE_LEVEL
@@ -77,6 +78,14 @@ class TreeMethod(PolicyGradient):
         a tree method must declare)."""
         raise NotImplementedError
 
+    @classmethod
+    def trained_step_mask(cls, o) -> Tensor:
+        """The steps with a stochastic transition in the tree of the first batch (an SDE step or a side branch
+        before the frontier stops) that the step filter ``trained_steps`` keeps."""
+        shape, T = cls.shape_of(o), o.num_steps
+        stochastic = torch.tensor([k < shape.stop and (shape.sde[k] or shape.side[k] > 0) for k in range(T)])
+        return stochastic & cls.trained_steps(o, torch.ones(T, dtype=torch.bool), placeholder_sigmas(T))
+
     def tree_shape(self) -> TreeShape:
         """This batch's tree shape."""
         batches = self.global_step // (self.ppo.num_inner_epochs * self.ppo.num_minibatches)
@@ -102,7 +111,7 @@ class TreeMethod(PolicyGradient):
                              self.step_kind, super().noise_levels(), self.completion_steps, self.tree_chunk_size,
                              self.device)
         leaf = trees.tree.to(seeds.device)
-        steps = self.trained_steps(torch.ones(self.num_steps, dtype=torch.bool), sigmas.cpu())  # [T] step filter
+        steps = self.trained_steps(self.options, torch.ones(self.num_steps, dtype=torch.bool), sigmas.cpu())  # [T]
         return Rollout(prompts=[batch["prompts"][i] for i in leaf.tolist()], group_ids=batch["group_ids"][leaf],
                        seeds=seeds[leaf], latents=None, log_probs=trees.log_probs.to(self.device),
                        sigmas=sigmas.expand(len(leaf), -1), cond_rows=cond_rows[leaf.to(cond_rows.device)],

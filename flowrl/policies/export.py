@@ -18,6 +18,8 @@ from typing import Optional
 import torch
 import yaml
 
+from flowrl.checkpoint_fit import checkpoint_fit_problems, load_mismatch
+from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint, run_config
 from flowrl.policies.base import FlowPolicy, adapter_of
 from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
 
@@ -90,9 +92,8 @@ def _check_exportable(policy: FlowPolicy) -> None:
 
 def find_run_config(ckpt: Path) -> Path:
     """The ``config.yaml`` LightningCLI saved for the run of ``ckpt`` (its folder or the one above)."""
-    for folder in (ckpt.parent, ckpt.parent.parent):
-        if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
+    if (found := run_config(ckpt)) is not None:
+        return found
     raise FileNotFoundError(f"no config.yaml beside {ckpt} or in {ckpt.parent.parent}; pass the run's config with "
                             "--config (the file given to `fit --config`, with the same policy settings)")
 
@@ -123,17 +124,26 @@ def ema_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
 
 
 def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool = False) -> FlowPolicy:
-    """The policy of a fit run with the checkpoint's trained weights (``ema``: their EMA average instead)."""
-    ckpt = Path(ckpt)
+    """The policy of a fit run with the checkpoint's trained weights (``ema``: their EMA average instead).
+
+    Raises:
+        ValueError: the checkpoint is missing, empty, cut off or does not fit the config's policy (one line each).
+    """
+    if problems := checkpoint_problems(str(ckpt)):
+        raise ValueError(problems[0].replace("ckpt_path=", "--ckpt ", 1).replace("leave ckpt_path out", "retrain"))
+    ckpt = resolve_checkpoint(ckpt)  # a run's folder: its last.ckpt
     if is_sharded_checkpoint(ckpt):  # an FSDP2 run's folder: every rank's shards, gathered whole in this process
         checkpoint = load_consolidated(ckpt)
-    elif ckpt.is_file():
-        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
     else:
-        raise FileNotFoundError(f"checkpoint {ckpt} does not exist; pass a .ckpt written by the fit run (a file, or "
-                                "the folder of a sharded one)")
+        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
     average = ema_weights(checkpoint) if ema else {}  # before the (slow) policy load: a missing EMA fails first
-    policy = policy_from_config(Path(config) if config else find_run_config(ckpt))
+    config = Path(config) if config else find_run_config(ckpt)
+    model = (yaml.safe_load(config.read_text()) or {}).get("model") or {}
+    method = _method_class(model.get("class_path"))
+    if method is not None and (wrong := checkpoint_fit_problems(str(ckpt), method, (model.get("init_args") or {})
+                                                                .get("policy"), "export")):
+        raise ValueError(wrong[0].replace("ckpt_path=", "--ckpt ", 1))
+    policy = policy_from_config(config)
     state = {**checkpoint["state_dict"], **average}
     weights = {k[len("policy."):]: v.to(checkpoint["state_dict"][k].dtype) for k, v in state.items()
                if k.startswith("policy.") and not k.startswith("policy." + REFERENCE_PREFIX)}
@@ -142,28 +152,46 @@ def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool
     for name in dict.fromkeys(adapter_of(k) for k in weights):
         if name is not None and name not in policy.adapter_names:
             policy.add_adapter(name, policy.lora, trainable=False)
+    theirs = {k: tuple(v.shape) for k, v in weights.items()}
+    if why := load_mismatch(theirs, {k: tuple(v.shape) for k, v in policy.state_dict().items()},
+                            checkpoint.get("flowrl_method"), f"the policy of {config}"):
+        raise ValueError(f"{why}; pass the config of the run that wrote it with --config (or leave --config out: the "
+                         "config.yaml beside the checkpoint)")
     policy.load_state_dict(weights)
     return policy
 
 
+def _method_class(path: Optional[str]) -> Optional[type]:
+    import importlib
+
+    module, _, name = str(path or "").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError:
+        return None
+
+
 def main(args: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flowrl export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ckpt", required=True, help="a checkpoint of a fit run (a file, or a sharded checkpoint's "
-                        "folder from --trainer.strategy=fsdp2)")
+    parser.add_argument("--ckpt", required=True, help="a checkpoint of a fit run (a file, a sharded checkpoint's "
+                        "folder from --trainer.strategy=fsdp2, or the run's folder: its last.ckpt)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--config", help="the run's config (default: config.yaml saved beside the checkpoints)")
     parser.add_argument("--merged", action="store_true", help="also write the pipeline with LoRA fused, to OUT/merged")
     parser.add_argument("--ema", action="store_true", help="export the flowrl.callbacks.EMA average of the weights")
     parser.add_argument("--adapter", help="the LoRA adapter to export (default: the policy's one trained adapter)")
     opts = parser.parse_args(args)
-    policy = load_policy(opts.ckpt, opts.config, opts.ema)
-    out = Path(opts.out)
-    if not policy.adapter_names:
-        print(f"flowrl export: full pipeline -> {export_pipeline(policy, out)}")
-        return
-    print(f"flowrl export: LoRA weights -> {export_lora(policy, out, opts.adapter)}")
-    if opts.merged:
-        print(f"flowrl export: merged pipeline -> {export_pipeline(policy, out / 'merged', opts.adapter)}")
+    try:
+        policy = load_policy(opts.ckpt, opts.config, opts.ema)
+        out = Path(opts.out)
+        if not policy.adapter_names:
+            print(f"flowrl export: full pipeline -> {export_pipeline(policy, out)}")
+            return
+        print(f"flowrl export: LoRA weights -> {export_lora(policy, out, opts.adapter)}")
+        if opts.merged:
+            print(f"flowrl export: merged pipeline -> {export_pipeline(policy, out / 'merged', opts.adapter)}")
+    except (ValueError, FileNotFoundError) as err:  # one line naming the option and the fix, not a traceback
+        raise SystemExit(f"flowrl export: {err}") from None
 
 
 def load_lora(policy: FlowPolicy, folder: str | Path, adapter: str = "exported") -> str:

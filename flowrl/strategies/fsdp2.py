@@ -27,8 +27,9 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
 from flowrl.policies.sharding import shard_policy
-from flowrl.strategies.sharded_checkpoint import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
-                                       split_sharded)
+from flowrl.strategies.atomic_checkpoint import commit, link, partial_path, remove_path
+from flowrl.strategies.sharded_checkpoint import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint,
+                                                  shard_templates, split_sharded)
 
 NAME = "fsdp2"
 
@@ -84,28 +85,45 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
         callbacks, sharded = split_sharded(checkpoint.get("callbacks", {}))
-        if not sharded:
-            return super().save_checkpoint(checkpoint, filepath, storage_options)
         if not self._save_distributed_checkpoint:  # one file: gather the callbacks' tensors whole too (every rank)
-            checkpoint["callbacks"] = fill_sharded(callbacks, {k: v.full_tensor() for k, v in sharded.items()})
+            if sharded:
+                checkpoint["callbacks"] = fill_sharded(callbacks, {k: v.full_tensor() for k, v in sharded.items()})
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         from torch.distributed.checkpoint import save
 
-        # ModelParallelStrategy's distributed save, with the callbacks' shards as one more top-level entry
-        path = Path(self.broadcast(filepath))
-        if path.is_file():
-            path.unlink()
-        path.mkdir(parents=True, exist_ok=True)
-        state = {"state_dict": checkpoint.pop("state_dict"), SHARDED_KEY: sharded,
+        path = Path(self.broadcast(str(filepath)))
+        files = getattr(self.checkpoint_io, "files", None)  # the atomic checkpoint IO's record (rank zero's)
+        step = int(checkpoint.get("global_step", -1))
+        newest = files.links_instead(path, step) if files is not None and self.global_rank == 0 else None
+        if self.broadcast(newest is not None):  # `last` at the step just saved: a link to it, not a second copy
+            if self.global_rank == 0:
+                link(newest, path)
+            return self.barrier()
+        # ModelParallelStrategy's distributed save, with the callbacks' shards as one more top-level entry, written
+        # whole beside the target and then put in its place (atomic_checkpoint): a killed save leaves the old one
+        partial = partial_path(path)
+        if self.global_rank == 0:
+            remove_path(partial)
+            partial.mkdir(parents=True)
+        self.barrier()
+        state = {"state_dict": checkpoint.pop("state_dict"), **({SHARDED_KEY: sharded} if sharded else {}),
                  **{f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))}}
-        save(state, checkpoint_id=path)
+        save(state, checkpoint_id=partial)
         checkpoint["callbacks"] = callbacks
         if self.global_rank == 0:
-            torch.save(checkpoint, path / META)
+            torch.save(checkpoint, partial / META)
+        self.barrier()  # every rank's shards are written
+        if self.global_rank == 0:
+            commit(partial, path)
+            if files is not None:
+                files.saved(path, step)
+        self.barrier()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if path.is_file():  # one file, e.g. from a 1-process run
+            return self._load_full_checkpoint(path, weights_only)
         metadata = super().load_checkpoint(checkpoint_path, weights_only)
-        path = Path(self.broadcast(checkpoint_path))
         templates = shard_templates(metadata.get("callbacks", {}), self.device_mesh["data_parallel"])
         if templates and is_sharded_checkpoint(path):
             from torch.distributed.checkpoint import load
@@ -114,6 +132,37 @@ class FSDP2Strategy(ModelParallelStrategy):
             load(state, checkpoint_id=path)
             metadata["callbacks"] = fill_sharded(metadata["callbacks"], state[SHARDED_KEY])
         return metadata
+
+    def _load_full_checkpoint(self, path: Path, weights_only: Optional[bool]) -> dict[str, Any]:
+        """A one-file checkpoint (a 1-process or DDP run's, or ``save_distributed_checkpoint=False``) into the sharded
+        model and optimizers. Lightning's own loader names a plain optimizer's states by position among *all* the
+        module's parameters (FSDP1's ``rekey_optim_state_dict``), but the optimizer holds only the trained ones, so
+        a LoRA run's states landed on frozen weights and the load failed with ``Missing optimizer state``; here they
+        are named by position in the optimizer itself."""
+        from lightning.fabric.strategies.model_parallel import _load_raw_module_state
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
+        strict = self.lightning_module.strict_loading
+        _load_raw_module_state(checkpoint.pop("state_dict"), self.model, strict=strict)
+        names = {param: name for name, param in self.model.named_parameters()}
+        options = StateDictOptions(broadcast_from_rank0=True, full_state_dict=True, strict=strict)
+        for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=named_optimizer_state(state, optimizer,
+                                                                                                  names),
+                                     options=options)
+        return checkpoint
+
+
+def named_optimizer_state(state: dict, optimizer, names: dict) -> dict:
+    """A ``torch.optim`` state dict keyed by parameter position (``state`` and ``param_groups[i]["params"]``) keyed by
+    each parameter's name instead, the positions read from ``optimizer`` (the one that wrote it, rebuilt)."""
+    order = [names[p] for group in optimizer.param_groups for p in group["params"]]
+    if len(order) != sum(len(g["params"]) for g in state["param_groups"]):
+        raise ValueError(f"the checkpoint's optimizer holds {sum(len(g['params']) for g in state['param_groups'])} "
+                         f"parameters and this run's {len(order)}: it was written by a run that trains other weights")
+    return {"state": {order[i]: s for i, s in state["state"].items()},
+            "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]}
 
 
 def is_fsdp2(strategy) -> bool:

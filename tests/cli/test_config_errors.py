@@ -77,3 +77,49 @@ def test_an_unreachable_hub_model_is_named_at_once(tmp_path, env, message):
     assert proc.returncode != 0
     assert "model.init_args.policy.init_args.model='someorg/no-such-model'" in proc.stderr
     assert message in proc.stderr and "hf download someorg/no-such-model" in proc.stderr
+
+
+def test_a_function_reward_that_does_not_import_is_one_line_before_loading(tmp_path, monkeypatch):
+    package = tmp_path / "flowrl_probe_rewards"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "rewards.py").write_text("def brightness(images, prompts, metadata, gamma=1.0):\n"
+                                        "    return images.mean((1, 2, 3)) ** gamma\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reward = ["--trainer.callbacks+=flowrl.rewards.FunctionReward"]
+    out = fails(*reward, "--trainer.callbacks.function=flowrl_probe_rewards.rewards.brightnes")
+    assert out.splitlines()[1] == ("  trainer.callbacks: FunctionReward function='flowrl_probe_rewards.rewards."
+                                   "brightnes': module 'flowrl_probe_rewards.rewards' has no callable 'brightnes'; "
+                                   "did you mean flowrl_probe_rewards.rewards.brightness?")
+    out = fails(*reward, "--trainer.callbacks.function=flowrl_probe_rewards.rewards.brightness",
+                "--trainer.callbacks.options={gama: 2.2}")
+    assert "FunctionReward function='flowrl_probe_rewards.rewards.brightness'" in out and "'gama'" in out
+
+
+def test_switching_the_quickstarts_method_names_the_options_it_lacks():
+    out = fails("--config", str(ROOT / "configs/quickstart.yaml"), "--model.class_path=flowrl.methods.TreeRPO")
+    assert out.splitlines()[1].startswith("  model.class_path=flowrl.methods.TreeRPO has no option timestep_fraction")
+    assert "LoraOptions" not in out
+
+
+def test_a_second_node_that_never_comes_is_announced_once(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "NODE_RANK": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "flowrl", "fit", "--config", CONFIG, "--trainer.num_nodes=2",
+                             "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:  # it waits for the other node after this line: read up to it, then stop the run
+            lines.append(line)
+            if line.startswith("flowrl: rank 0 waits"):
+                break
+    finally:
+        os.killpg(proc.pid, 9)
+        lines += proc.stdout.readlines()
+        proc.wait()
+    notices = [line for line in lines if line.startswith("flowrl: rank 0 waits")]
+    port = env["MASTER_PORT"]
+    assert len(notices) == 1, "".join(lines)[-3000:]
+    assert f"for 2 nodes x 1 process (world size 2) to join at 127.0.0.1:{port}" in notices[0]
+    assert "NODE_RANK=1 " in notices[0] and "gives up after 0:30:00" in notices[0]

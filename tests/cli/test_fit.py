@@ -85,6 +85,20 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path):
         assert torch.equal(straight[key]["advantages"], resumed[key]["advantages"])
     ws, wr = torch.load(tmp_path / "straight/dump/weights.pt"), torch.load(tmp_path / "resumed/dump/weights.pt")
     assert all(torch.equal(ws[k], wr[k]) for k in ws)
+    # a finished run's last.ckpt (saved when max_steps is reached on the epoch's last batch: 4 prompts / 2 groups = 2
+    # batches per epoch) resumed to more steps: Lightning restarts the next epoch with its batch counter unreset
+    last = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true",
+            "--trainer.callbacks.every_n_train_steps=100", f"--trainer.callbacks.dirpath={tmp_path}/finished/ckpt"]
+    main(fit_args(tiny_model_dir, tmp_path / "finished", "--trainer.max_steps=2", *last))
+    main(fit_args(tiny_model_dir, tmp_path / "more", "--trainer.max_steps=4",
+                  f"--ckpt_path={tmp_path}/finished/ckpt/last.ckpt"))
+    more = load_steps(tmp_path / "more")
+    assert sorted(more) == ["step2_rank0", "step3_rank0"]
+    for key in more:
+        assert torch.equal(straight[key]["seeds"], more[key]["seeds"]), key
+        assert torch.equal(straight[key]["advantages"], more[key]["advantages"]), key
+    wm = torch.load(tmp_path / "more/dump/weights.pt")
+    assert all(torch.equal(ws[k], wm[k]) for k in ws)
 
 
 def run_cli(args, cwd):

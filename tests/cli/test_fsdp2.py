@@ -118,3 +118,26 @@ def test_fsdp2_on_two_nodes_of_one_process_equals_one_process(tmp_path, capsys, 
     nodes = two_nodes(config, tmp_path / "nodes", "fsdp2")
     assert summary(nodes[0]) == one
     finish(nodes[1])
+
+
+def test_a_one_process_checkpoint_resumes_under_fsdp2(tiny_model_dir, tmp_path):
+    # its optimizer states are keyed by position in the optimizer (the trained LoRA weights only), which Lightning's
+    # FSDP2 loader read as positions among every weight of the module: "Missing optimizer state for parameter ..."
+    ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+            "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1"]
+    run_cli(fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4"), tmp_path)
+    run_cli(fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ckpt), tmp_path)
+    saved = next(Path(tmp_path / "first").rglob("*step=2.ckpt"))
+    assert saved.is_file()  # one file, from one process
+    run_cli(fit_args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}", *FSDP2),
+            tmp_path)
+    straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
+    for step in ("step2", "step3"):  # the weights and Adam's moments carried over: the 1-process run's advantages
+        ranks = [resumed[f"{step}_rank{r}"] for r in (0, 1)]
+        seeds = torch.cat([r["seeds"] for r in ranks])
+        one = straight[f"{step}_rank0"]
+        assert torch.equal(seeds.sort().values, one["seeds"].sort().values)
+        torch.testing.assert_close(torch.cat([r["advantages"] for r in ranks])[seeds.argsort()],
+                                   one["advantages"][one["seeds"].argsort()], rtol=1e-4, atol=1e-5)
+    w1, w2 = torch.load(tmp_path / "straight/dump/weights.pt"), torch.load(tmp_path / "resumed/dump/weights.pt")
+    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-6) for k in w1)

@@ -1,5 +1,6 @@
-"""A stopped or doomed run says so: SIGTERM ends a training run with a non-zero status after Lightning's checkpoint
-on exception, and a folder the run cannot write fails before the first rollout instead of at the first save."""
+"""A stopped or doomed run says so: SIGTERM says at once that the run stops, which it does after the current batch,
+with a checkpoint that resumes, the run summary and exit status 143; a folder the run cannot write fails before the
+first rollout instead of at the first save."""
 
 import os
 import signal
@@ -12,24 +13,28 @@ import pytest
 import torch
 
 from flowrl.cli import main
-from tests.cli.test_fit import fit_args
+from tests.cli.test_fit import fit_args, load_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_sigterm_exits_non_zero_after_the_checkpoint_on_exception(tiny_model_dir, tmp_path):
-    args = fit_args(tiny_model_dir, tmp_path, "--trainer.max_steps=100000",
-                    "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-                    f"--trainer.callbacks.dirpath={tmp_path}/ckpt", "--trainer.callbacks.save_on_exception=true",
-                    "--trainer.callbacks.every_n_epochs=0")  # no periodic saves: a file can only be the one on exception
+def test_sigterm_says_it_stops_saves_a_checkpoint_that_resumes_prints_the_summary_and_exits_143(tiny_model_dir,
+                                                                                                   tmp_path):
+    # the run's ModelCheckpoint as a config has it: save_last, no save_on_exception, and here no periodic saves
+    # either, so a checkpoint can only be the one the stop saves
+    ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", f"--trainer.callbacks.dirpath={tmp_path}"
+            "/run/ckpt", "--trainer.callbacks.save_last=true", "--trainer.callbacks.every_n_epochs=0"]
+    args = fit_args(tiny_model_dir, tmp_path / "run", "--trainer.max_steps=100000", *ckpt,
+                    "--trainer.callbacks+=flowrl.callbacks.RunSummary")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    started = tmp_path / "dump" / "step1_rank0.pt"  # DumpOutputs writes it after the second batch
+    dump = tmp_path / "run" / "dump"  # DumpOutputs writes step<k>_rank0.pt at the end of each batch
     deadline = time.monotonic() + 300
-    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not (dump / "step1_rank0.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert started.exists(), proc.communicate()[0][-3000:] if proc.poll() is not None else "no batch in 300 s"
+    assert (dump / "step1_rank0.pt").exists(), proc.communicate()[0][-3000:] if proc.poll() is not None else "no batch"
+    done = len(list(dump.glob("step*_rank0.pt")))
     proc.send_signal(signal.SIGTERM)
     try:
         out, _ = proc.communicate(timeout=120)
@@ -37,8 +42,34 @@ def test_sigterm_exits_non_zero_after_the_checkpoint_on_exception(tiny_model_dir
         proc.kill()
         pytest.fail("the run did not stop within 120 s of SIGTERM")
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]  # 143, as a shell reports a SIGTERM'd command
-    (saved,) = (tmp_path / "ckpt").glob("*.ckpt")
-    assert torch.load(saved, weights_only=False)["global_step"] >= 2
+    said = [line for line in out.splitlines() if line.startswith("flowrl: SIGTERM received: stopping after the "
+                                                                  "current batch")]
+    assert len(said) == 1 and f"saving a checkpoint to {tmp_path}/run/ckpt" in said[0], out[-3000:]
+    # the batch running at the signal finished (one more may have ended before it arrived), and no other began
+    step = len(list(dump.glob("step*_rank0.pt")))
+    assert done <= step <= done + 2, (done, step)
+    last = tmp_path / "run/ckpt/last.ckpt"
+    saved = torch.load(last, weights_only=False)
+    assert saved["global_step"] == step  # one optimizer step per batch in fit_tiny.yaml
+    assert (f"flowrl run summary (stopped by SIGTERM at global step {step}; resume with --ckpt_path {last})"
+            in out), out[-3000:]
+    assert f"over {step} steps" in out
+    # it resumes as the run would have gone on: the next two batches equal an uninterrupted run's
+    main(fit_args(tiny_model_dir, tmp_path / "resumed", f"--trainer.max_steps={step + 2}", f"--ckpt_path={last}"))
+    main(fit_args(tiny_model_dir, tmp_path / "straight", f"--trainer.max_steps={step + 2}"))
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # this process's own handler is back
+    resumed, straight = load_steps(tmp_path / "resumed"), load_steps(tmp_path / "straight")
+    assert sorted(resumed) == [f"step{step}_rank0", f"step{step + 1}_rank0"]
+    for key in resumed:
+        assert torch.equal(straight[key]["seeds"], resumed[key]["seeds"]), key
+        assert torch.equal(straight[key]["advantages"], resumed[key]["advantages"]), key
+
+
+def test_a_run_that_fails_gives_back_the_sigterm_handler(tiny_model_dir, tmp_path):
+    with pytest.raises(RuntimeError, match="batches in a row trained no"):  # fails after the handler was installed
+        main(fit_args(tiny_model_dir, tmp_path, "--model.class_path=tests.methods.test_trained_pairs.NaNAdvantages",
+                      "--model.init_args.max_untrained_batches=1"))
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # a later SIGTERM still ends this process
 
 
 def test_an_unwritable_checkpoint_folder_fails_before_the_first_rollout(tiny_model_dir, tmp_path):

@@ -102,7 +102,7 @@ def test_predict_option_errors_are_reported_together(tmp_path):
         main(["predict", "--ckpt_path", str(tmp_path / "run.ckpt"), "--lora", str(tmp_path / "empty"),
               "--prompts", "a", "--prompt_file", str(tmp_path / "missing.txt"), "--num_steps", "0"])
     message = str(err.value)
-    for expected in ("no config.yaml beside it", "--lora and --ckpt_path are two ways",
+    for expected in (f"--ckpt_path '{tmp_path / 'run.ckpt'}' does not exist", "--lora and --ckpt_path are two ways",
                      "no pytorch_lora_weights.safetensors", "--prompts and --prompt_file are alternatives",
                      "missing.txt does not exist", "--num_steps 0"):
         assert expected in message

@@ -82,7 +82,12 @@ def test_export_command_from_a_fit_checkpoint(sd3_dir, tmp_path):
     assert trained and sorted(loaded) == sorted(trained)
     assert all(torch.equal(loaded[k], trained[k]) for k in trained)
     assert (tmp_path / "out/merged/model_index.json").is_file()
-    with pytest.raises(FileNotFoundError, match="pass the run's config with --config"):
+    # the run's version_N folder stands for its checkpoint (it once said the folder does not exist)
+    assert ckpt.parent.name == "checkpoints"
+    main(["export", "--ckpt", str(ckpt.parent.parent), "--out", str(tmp_path / "from_folder")])
+    lora = "pytorch_lora_weights.safetensors"
+    assert (tmp_path / "from_folder" / lora).read_bytes() == (tmp_path / "out" / lora).read_bytes()
+    with pytest.raises(SystemExit, match="flowrl export: no config.yaml beside .* pass the run's config with --config"):
         main(["export", "--ckpt", str(ckpt.rename(tmp_path / "moved.ckpt")), "--out", str(tmp_path / "x")])
 
 
@@ -132,5 +137,5 @@ def test_export_ema_writes_the_average_and_needs_one(sd3_dir, tmp_path):
     assert sorted(loaded) == sorted(want) and all(torch.equal(loaded[k], want[k]) for k in want)
     del saved["callbacks"]
     torch.save(saved, tmp_path / "run/no_ema.ckpt")
-    with pytest.raises(ValueError, match="exactly one flowrl.callbacks.EMA"):
+    with pytest.raises(SystemExit, match="flowrl export: --ema needs the state of exactly one flowrl.callbacks.EMA"):
         main(["export", "--ckpt", str(tmp_path / "run/no_ema.ckpt"), "--out", str(tmp_path / "x"), "--ema"])

@@ -1,0 +1,97 @@
+"""A checkpoint that cannot serve says so in its first line, before any weight loads: a missing, empty or cut-off one
+given to ``predict`` or ``export``, a run's folder given for its checkpoint (taken: its last.ckpt), a checkpoint of
+another method resumed, predicted or exported (both methods and what is missing named, not torch's key list), and
+``predict``'s own bad options (``--seeds`` out of range, an ``--out`` that cannot be written)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrl.cli import main
+from flowrl.cli.predict import predict_arguments
+from flowrl.policies.export import load_policy
+from tests.cli.test_fit import fit_args
+
+ROOT = Path(__file__).resolve().parents[2]
+MISSING = "/no/such/model/folder"  # where a config would load a model: never reached
+
+
+@pytest.fixture(scope="module")
+def flow_grpo_run(tmp_path_factory, tiny_model_dir):
+    """A 1-step Flow-GRPO run (LoRA rank 4) with its config.yaml and checkpoints/last.ckpt."""
+    out = tmp_path_factory.mktemp("flow_grpo_run")
+    main(fit_args(tiny_model_dir, out, "--trainer.max_steps=1", "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+                  f"--trainer.logger.save_dir={out}", "--trainer.callbacks+=lightning.pytorch.callbacks"
+                  ".ModelCheckpoint", "--trainer.callbacks.save_last=true"))
+    (run,) = out.glob("lightning_logs/version_0")
+    return run
+
+
+def fails(*args) -> str:
+    with pytest.raises(SystemExit) as err:
+        main(list(args))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("content, message", [(None, "does not exist"), (b"", "is empty (0 bytes"),
+                                              (b"PK\x03\x04 cut", "is not a complete checkpoint")])
+def test_predict_and_export_name_a_bad_checkpoint_first(tmp_path, content, message):
+    ckpt = tmp_path / "run.ckpt"
+    if content is not None:
+        ckpt.write_bytes(content)
+    for out in (fails("predict", "--ckpt_path", str(ckpt), "--prompts", "a"),
+                fails("export", "--ckpt", str(ckpt), "--out", str(tmp_path / "out"))):
+        first = out.splitlines()[1] if out.startswith("flowrl predict") else out
+        assert f"'{ckpt}' {message}" in first and "config.yaml" not in out, out
+
+
+def test_predict_options_out_of_range_or_unwritable_fail_before_loading(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # nothing can be created below a file, even by root (a read-only folder is not, for root)
+    out = fails("predict", "--config", str(ROOT / "configs/quickstart.yaml"), "--prompts", "a",
+                "--seeds", "1", "99999999999999999999", "--out", str(blocker / "images"),
+                f"--model.init_args.policy.init_args.model={MISSING}")
+    assert "--seeds 99999999999999999999: a seed must be in [0, 2**63)" in out
+    assert f"--out {blocker}/images cannot be written (NotADirectoryError" in out
+
+
+def test_a_checkpoint_of_another_method_is_named_before_loading(flow_grpo_run, tmp_path):
+    ckpt = str(flow_grpo_run / "checkpoints/last.ckpt")
+    written = f"ckpt_path='{ckpt}' was written by flowrl.methods.FlowGRPO (LoRA adapters: default (rank 4))"
+    for config, method, missing in (("tiny_tdm_r1.yaml", "TDMR1", "fake_score, surrogate, surrogate_old"),
+                                    ("tiny_diffusion_nft.yaml", "DiffusionNFT", "old")):
+        args = ["--config", str(ROOT / "configs" / config), "--model.init_args.policy.init_args.lora.rank=4"]
+        resumed = fails("fit", *args, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}")
+        assert written in resumed and f"the config's flowrl.methods.{method} needs" in resumed
+        assert f"missing: {missing}." in resumed and len(resumed) < 1000  # not torch's list of every key
+        predicted = fails("predict", "--ckpt_path", ckpt, *args, "--prompts", "a")
+        assert written in predicted and "Leave --config out" in predicted
+    exported = fails("export", "--ckpt", ckpt, "--out", str(tmp_path / "x"),
+                     "--config", str(ROOT / "configs/tiny_tdm_r1.yaml"))  # its policy trains rank 16
+    assert exported.startswith(f"flowrl export: --ckpt '{ckpt}' was written by flowrl.methods.FlowGRPO")
+    assert "rank 4 in the checkpoint, 16 in model.init_args.policy.init_args.lora.rank" in exported
+
+
+def test_a_run_folder_stands_for_its_last_checkpoint(flow_grpo_run):
+    # export's loader (the command itself, on a pipeline policy: tests/policies/test_export.py)
+    policy = load_policy(flow_grpo_run)  # the folder's last.ckpt, not "does not exist"
+    saved = torch.load(flow_grpo_run / "checkpoints/last.ckpt", weights_only=False)["state_dict"]
+    lora = {k: v for k, v in policy.state_dict().items() if "lora_B" in k}
+    assert lora and all(torch.equal(v, saved["policy." + k]) for k, v in lora.items())
+
+
+def test_predict_arguments_for_a_sharded_run_folder_ask_for_one_process(tmp_path):
+    # the run's config says 2 devices and fsdp2: predict started 2 processes, then asked for one
+    run = tmp_path / "version_0"
+    (run / "checkpoints/last.ckpt").mkdir(parents=True)
+    (run / "checkpoints/last.ckpt/meta.pt").write_bytes(b"")  # a sharded checkpoint's folder
+    (run / "config.yaml").write_text("trainer: {devices: 2, strategy: fsdp2}\n")
+    args = predict_arguments(["--ckpt_path", str(run), "--prompts", "a"])
+    assert args[args.index("--ckpt_path") + 1] == str(run / "checkpoints/last.ckpt")
+    assert args[args.index("--config") + 1] == str(run / "config.yaml")
+    assert {"--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=fsdp2"} <= set(args)
+    (run / "checkpoints/last.ckpt/meta.pt").unlink()
+    (run / "checkpoints/last.ckpt").rmdir()
+    torch.save({}, run / "checkpoints/last.ckpt")  # a 1-file checkpoint: no sharding needed
+    assert "--trainer.strategy=auto" in predict_arguments(["--ckpt_path", str(run), "--prompts", "a"])
