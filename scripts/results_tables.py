@@ -100,9 +100,11 @@ def seed_table(columns: list[tuple[str, str, object]], seeds: tuple[int, ...], m
 
 
 def quickstart() -> str:
-    q = DATA / "quickstart"
-    r = [load(q / f, s) for s, f in enumerate(("metrics.csv", "metrics_seed1.csv", "metrics_seed2.csv"))]
+    seeds = lambda q: [load(q / f, s) for s, f in enumerate(("metrics.csv", "metrics_seed1.csv",  # noqa: E731
+                                                               "metrics_seed2.csv"))]
+    r, both = seeds(DATA / "quickstart"), seeds(DATA / "quickstart_cfg_both")
     b, a = [s.before for s in r], [s.after for s in r]
+    bb, ab = [s.before for s in both], [s.after for s in both]
     first, last = (statistics.fmean(e) for e in zip(*map(eighths, r)))
     f3 = lambda v: " / ".join(f"{x:.3f}" for x in v)  # noqa: E731
     return md(["measured on this dev box (2 CPU cores)", "base model", f"after {len(r[0].train)} batches",
@@ -113,7 +115,11 @@ def quickstart() -> str:
         ["the same, mean of seeds 0-2 (+- std)", pr.mean_std(b), f"**{pr.mean_std(a)}**",
          f"**{share(statistics.fmean(b), statistics.fmean(a))}**"],
         ["training reward (6-step SDE samples of the training prompts, first / last eighth, mean of seeds 0-2)",
-         f3([first]), f3([last]), share(first, last)]])
+         f3([first]), f3([last]), share(first, last)],
+        ["validation alignment with `cfg_gradient: both` (the default before it became `cond`), seeds 0 / 1 / 2",
+         f3(bb), f3(ab), " / ".join(share(x, y) for x, y in zip(bb, ab))],
+        ["the same, mean of seeds 0-2 (+- std)", pr.mean_std(bb), pr.mean_std(ab),
+         share(statistics.fmean(bb), statistics.fmean(ab))]])
 
 
 SWEEP = [  # (the change, its runs in runs.csv): every run of the sweep, the single changes first
