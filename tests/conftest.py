@@ -1,5 +1,7 @@
 """Shared fixtures: a random-weight tiny model saved in diffusers layout, loaded through ``from_pretrained``."""
 
+import os
+
 import pytest
 import torch
 
@@ -10,3 +12,22 @@ def tiny_model_dir(tmp_path_factory):
 
     torch.manual_seed(0)
     return str(save_components(build_components(num_layers=1, text_layers=1), tmp_path_factory.mktemp("tiny")))
+
+
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_outlives_a_test():
+    """A test that runs a distributed strategy in pytest's own process leaves no process group (its store keeps the
+    port listening) and none of the variables Lightning sets: every later multi-process test would inherit the port
+    and fail with EADDRINUSE."""
+    before = {name: os.environ.get(name) for name in DIST_ENV}
+    yield
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

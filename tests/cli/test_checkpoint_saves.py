@@ -150,6 +150,11 @@ def test_after_kill_9_of_fsdp2_rank_zero_last_is_the_newest_complete_checkpoint(
 def test_predict_of_an_fsdp2_runs_folder_takes_one_process(killed_fsdp2_run, tmp_path):
     # the run's config.yaml says 2 devices and fsdp2; predict writes one folder from one process, loading the
     # sharded checkpoint into FSDP2 on it
-    main(["predict", "--ckpt_path", str(killed_fsdp2_run), "--prompts", "red 1 and blue 2", "--seeds", "0", "1",
-          "--out", str(tmp_path / "images")])
+    # (a process of its own, as a user runs it: FSDP2 in the test's process would keep its process group, and the
+    # port Lightning picked, for every later test)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "flowrl", "predict", "--ckpt_path", str(killed_fsdp2_run), "--prompts",
+                           "red 1 and blue 2", "--seeds", "0", "1", "--out", str(tmp_path / "images")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert len(list((tmp_path / "images").glob("0*_seed*.png"))) == 2

@@ -53,7 +53,7 @@ def test_sigterm_says_it_stops_saves_a_checkpoint_that_resumes_prints_the_summar
     assert saved["global_step"] == step  # one optimizer step per batch in fit_tiny.yaml
     assert (f"flowrl run summary (stopped by SIGTERM at global step {step}; resume with --ckpt_path {last})"
             in out), out[-3000:]
-    assert f"over {step} steps" in out
+    assert f"over {step} batches ({step} optimizer steps)" in out
     # it resumes as the run would have gone on: the next two batches equal an uninterrupted run's
     main(fit_args(tiny_model_dir, tmp_path / "resumed", f"--trainer.max_steps={step + 2}", f"--ckpt_path={last}"))
     main(fit_args(tiny_model_dir, tmp_path / "straight", f"--trainer.max_steps={step + 2}"))
