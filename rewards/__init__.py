@@ -6,8 +6,8 @@ Each reward loads its own dependencies only when it is used: ``import flowrl.rew
 
 from importlib import import_module
 
-from flowrl.rewards.base import ModelReward, RewardCallback, reward_callbacks
-from flowrl.rewards.reward_set import RewardSet
+from flowrl.rewards.base import ModelReward, RewardCallback, reward_callbacks  # noqa: F401  (re-exported)
+from flowrl.rewards.reward_set import RewardSet  # noqa: F401  (re-exported)
 
 #: public name -> the module that defines it (imported on first use, PEP 562)
 _LAZY = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
+import torch  # noqa: F401  (the doctests use it)
 import torch.nn.functional as F
 from torch import Tensor
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Union
 
-import torch
+import torch  # noqa: F401  (the doctests use it)
 from torch import Tensor
 
 #: a frame selection: a name or explicit frame indices
