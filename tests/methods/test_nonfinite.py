@@ -101,4 +101,4 @@ def test_validation_and_summary_leave_nan_rewards_out_and_count_them(tiny_model_
     assert "val holey_nonfinite (left out of the means): 2 -> 2" in out
     # each training batch: 4 samples of the red prompt (invalid) and 4 of "blue 2" (total 2 + 2), never 0 for NaN
     assert [v for _, v in logged(tmp_path, "train/reward/total")] == [4.0, 4.0]
-    assert "first step 4.0000 -> last step 4.0000" in out
+    assert "first batch 4.0000 -> last batch 4.0000" in out
