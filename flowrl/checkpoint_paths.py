@@ -43,7 +43,8 @@ def checkpoint_problems(path: str) -> list[str]:
         return []
     file = resolve_checkpoint(path)
     if not file.exists():
-        return [f"ckpt_path={path!r} does not exist; pass an existing .ckpt (e.g. {EXAMPLE}), or leave it out"]
+        return [f"ckpt_path={path!r} does not exist; pass an existing .ckpt (e.g. {EXAMPLE}), a run's folder or the "
+                "folder of a sharded one (FSDP2), or leave it out"]
     fix = "pass an earlier step's checkpoint from the same folder, or leave ckpt_path out"
     if file.is_dir() and not is_sharded_checkpoint(file):
         return [f"ckpt_path={path!r} is a folder without a checkpoint (no last.ckpt or *.ckpt in it or its "

@@ -130,7 +130,8 @@ def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool
         ValueError: the checkpoint is missing, empty, cut off or does not fit the config's policy (one line each).
     """
     if problems := checkpoint_problems(str(ckpt)):
-        raise ValueError(problems[0].replace("ckpt_path=", "--ckpt ", 1).replace("leave ckpt_path out", "retrain"))
+        raise ValueError(problems[0].replace("ckpt_path=", "--ckpt ", 1).replace("leave ckpt_path out", "retrain")
+                         .replace(", or leave it out", ""))  # export needs one
     ckpt = resolve_checkpoint(ckpt)  # a run's folder: its last.ckpt
     if is_sharded_checkpoint(ckpt):  # an FSDP2 run's folder: every rank's shards, gathered whole in this process
         checkpoint = load_consolidated(ckpt)

@@ -88,7 +88,9 @@ def test_export_command_from_a_fit_checkpoint(sd3_dir, tmp_path):
     lora = "pytorch_lora_weights.safetensors"
     assert (tmp_path / "from_folder" / lora).read_bytes() == (tmp_path / "out" / lora).read_bytes()
     with pytest.raises(SystemExit, match="flowrl export: no config.yaml beside .* pass the run's config with --config"):
-        main(["export", "--ckpt", str(ckpt.rename(tmp_path / "moved.ckpt")), "--out", str(tmp_path / "x")])
+        lone = tmp_path / "lone"  # two folders with no config.yaml (pytest's shared base folder is not searched)
+        lone.mkdir()
+        main(["export", "--ckpt", str(ckpt.rename(lone / "moved.ckpt")), "--out", str(tmp_path / "x")])
 
 
 def test_sd15_lora_and_merged_exports_reproduce_the_adapters_ddim_sample(tmp_path):
