@@ -2,11 +2,14 @@
 runs (one step) on the embedded model. The GPU configs also pass the checks before loading and fit a batch on tiny
 stand-ins of their families: tests/policies/test_shipped_configs.py."""
 
+import importlib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flowrl.cli import main
+from flowrl.methods.policy_gradient import PolicyGradient
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -19,6 +22,20 @@ def test_config_parses(config, capsys, monkeypatch):
         main(["fit", "--config", str(config), "--print_config"])
     assert exit_info.value.code in (0, None)
     assert "class_path: flowrl.methods." in capsys.readouterr().out
+
+
+def test_every_published_beta_states_its_kl_convention():
+    """A policy-gradient config with a KL term states the units of its beta (``kl_convention``): a published beta
+    means what it meant only under its authors' convention, and the method's default is no source."""
+    with_kl = {}
+    for config in CONFIGS:
+        model = yaml.safe_load(config.read_text())["model"]
+        module, name = model["class_path"].rsplit(".", 1)
+        args = model.get("init_args", {})
+        if issubclass(getattr(importlib.import_module(module), name), PolicyGradient) and args.get("beta", 0) > 0:
+            with_kl[config.name] = args.get("kl_convention")
+    assert {"sd35_flow_grpo.yaml", "wan21_flow_grpo.yaml", "wan21_tempflow_grpo.yaml"} <= with_kl.keys()
+    assert [name for name, convention in with_kl.items() if convention is None] == []
 
 
 def test_quickstart_runs_one_step_and_prints_the_summary(tmp_path, monkeypatch, capsys):
