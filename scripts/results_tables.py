@@ -17,6 +17,7 @@ import re
 import statistics
 
 import plot_rewards as pr
+from results_evaluation import hacking_demo, quickstart_evaluated
 from results_data import CEILING, DATA, ROOT, Run, eighths, load, md, recorded, run, share, signed
 
 PAGE = ROOT / "docs" / "results.md"
@@ -197,6 +198,8 @@ def blocks() -> dict[str, str]:
     six = (0, 1, 2, 3, 4, 5)
     return {
         "quickstart": quickstart(),
+        "quickstart-evaluated": quickstart_evaluated(),
+        "hacking-demo": hacking_demo(),
         "sweep": sweep(),
         "dense-methods": dense_methods(),
         "dense-seeds": dense_seeds(),

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from flowrl.callbacks.sample_grid import fitted_lines
+
 #: one colour per tuned model, in order (matplotlib's default cycle, without the base's grey)
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
@@ -59,17 +61,24 @@ def _fit(image: np.ndarray, cell: int) -> Image.Image:
 def paired_grid(rows: list[tuple[str, list[list[np.ndarray]], list[list[list[str]]]]], seeds: list[int],
                 models: list[str], out: Path, cell: int = 112, label_width: int = 150) -> Path:
     """One row per prompt; in it, for each seed (one initial noise), every model's image side by side, with the
-    scores under each image.
+    scores under each image. Labels and captions are wrapped to their width whole, as the sample grid's
+    (:func:`flowrl.callbacks.sample_grid.fitted_lines`), each caption from a line of its own.
 
     Args:
-        rows: ``(prompt label, images [seed][model] as [H, W, 3] uint8, caption lines [seed][model])``.
+        rows: ``(prompt label, images [seed][model] as [H, W, 3] uint8, captions [seed][model])``.
         seeds: the seeds of the column groups. models: the models of each group (the base first).
         cell: each image's size in px. label_width: the width of the prompt labels.
     """
     font = ImageFont.load_default()
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength
     line, gap, group_gap = 12, 6, 18
+    rows = [(label, images, [[[text for caption in captions for text in fitted_lines(caption, cell - 4, measure)]
+                              for captions in per_model] for per_model in per_seed])
+            for label, images, per_seed in rows]
     captions = max((len(c) for _, _, per_seed in rows for lines in per_seed for c in lines), default=0)
     row_height = cell + 8 + line * captions
+    labels = [fitted_lines(label, label_width - 8, measure, max_lines=max(1, (row_height - 8) // line))
+              for label, _, _ in rows]
     header = 3 * line
     group = len(models) * (cell + gap) + group_gap
     canvas = Image.new("RGB", (label_width + len(seeds) * group, header + len(rows) * row_height), "white")
@@ -79,9 +88,9 @@ def paired_grid(rows: list[tuple[str, list[list[np.ndarray]], list[list[list[str
         draw.text((x0 + 2, 2), f"seed {seed}: the same noise for every model", fill="black", font=font)
         for j, model in enumerate(models):
             draw.text((x0 + j * (cell + gap) + 2, 2 + line + 2), model, fill="black", font=font)
-    for i, (label, images, lines) in enumerate(rows):
+    for i, ((_, images, lines), label) in enumerate(zip(rows, labels)):
         y = header + i * row_height
-        for k, text in enumerate(label.split("\n")):
+        for k, text in enumerate(label):
             draw.text((4, y + 4 + k * line), text, fill="black", font=font)
         for g, (per_model, per_caption) in enumerate(zip(images, lines)):
             for j, (image, caption) in enumerate(zip(per_model, per_caption)):

@@ -151,16 +151,16 @@ def caption(value: float) -> str:
 
 def grid_rows(table: Table, suite: Suite, images: dict, metrics: Metrics, prompts: list[int],
               seeds: list[int]) -> list:
-    """The grid's rows: per prompt, its label and, per seed and model, the image and the scores of (up to) the first
-    three metrics."""
+    """The grid's rows: per prompt, its label (the prompt, then its category) and, per seed and model, the image and
+    the scores of (up to) the first three metrics, each ``name score`` whole (the grid wraps them to its cells)."""
     shown = metrics.names[:3]
     rows = []
     for p in prompts:
         columns = [table.seeds.index(s) for s in seeds]
         pictures = [[images[m, p, s] for m in table.models] for s in seeds]
-        captions = [[[f"{name[:11]} {caption(table.scores[name, m][p, j])}" for name in shown] for m in table.models]
+        captions = [[[f"{name} {caption(table.scores[name, m][p, j])}" for name in shown] for m in table.models]
                     for j in columns]
-        label = "\n".join([suite.prompts[p][:24], *([suite.categories[p][:24]] if suite.categories[p] else [])])
+        label = "\n".join([suite.prompts[p], *([suite.categories[p]] if suite.categories[p] else [])])
         rows.append((label, pictures, captions))
     return rows
 

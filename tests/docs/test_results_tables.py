@@ -1,8 +1,10 @@
 """docs/results.md is what ``scripts/plot_rewards.py --results`` prints from the runs kept in docs/data/: every table,
 and every figure its prose quotes. A number edited on the page by hand fails here."""
 
+import csv
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +36,7 @@ def printed():
 
 def test_every_table_on_the_page_is_the_scripts_output(printed, tables):
     blocks = re.findall(r"<!-- results:\S+ -->.*?<!-- /results:\S+ -->", printed, flags=re.S)
-    assert len(blocks) == 12
+    assert len(blocks) == 14
     for block in blocks:
         assert block in PAGE, block[:200]
     # and the page holds no block the script no longer prints
@@ -75,6 +77,34 @@ def test_the_issues_figures_are_what_the_data_gives(printed):
     assert "Dynamic-TreeRPO late window at 15,912 (49.7 %, the last by half)" in printed
     # Flow-GRPO on the 4-step base, seed 2: 0.495 at half, 0.430 at three quarters
     assert "| 2 | 0.403 | 0.448 | 0.495 | 0.430 | 0.358 | 0.370 |" in printed
+
+
+def test_the_evaluation_blocks_are_the_kept_summaries(tables, tmp_path, monkeypatch):
+    """The two evaluation tables read docs/data/evaluate*/summary.csv: a changed file changes the page's cells."""
+    import results_evaluation
+
+    made = tables.blocks()
+    # the quickstart's paired change of digit alignment, summary.csv's row read by hand: +0.20195 [+0.15398, +0.25168],
+    # better on 95 of 128 prompts (0.742), base 0.44920 -> 0.65116
+    assert "| digit alignment (trained) | 0.449 | 0.651 | +0.202 [+0.154, +0.252] | 74% / 26% |" in made[
+        "quickstart-evaluated"]
+    edited = {("evaluate", "quickstart"): "0.30195238344510155", ("evaluate_hacking", "step4"): "-0.5"}
+    for (folder, model), difference in edited.items():  # the paired change of digit alignment, edited
+        (tmp_path / folder).mkdir()
+        shutil.copy(ROOT / "docs/data" / folder / "evaluation.json", tmp_path / folder)
+        with open(ROOT / "docs/data" / folder / "summary.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        for row in rows:
+            if (row["section"], row["metric"], row["model"]) == ("paired", "digit_alignment", model):
+                row["difference"] = difference
+        with open(tmp_path / folder / "summary.csv", "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=list(rows[0]))
+            out.writeheader()
+            out.writerows(rows)
+    monkeypatch.setattr(results_evaluation, "DATA", tmp_path)
+    assert "| +0.302 [+0.154, +0.252] |" in results_evaluation.quickstart_evaluated()
+    assert re.search(r"\| step4 \(change vs base\) \| [^|]+ \| -0\.500 \[", results_evaluation.hacking_demo())
+    assert tables.problems(PAGE, {**made, "quickstart-evaluated": results_evaluation.quickstart_evaluated()})
 
 
 def test_the_gain_by_half_is_defined_once(tables):
