@@ -7,12 +7,11 @@ Compares the rows both files have, in order, on the columns both have, except ti
 as the strings CSVLogger wrote (so "equal" means bit-identical floats). Columns only one file has are listed, not
 compared: a new metric is not a change of behaviour. Exits 1 on the first differences (printed), 0 otherwise.
 
-The reference ``docs/data/regression/quickstart_seed0_20batches.csv`` is the quickstart's first 20 batches at seed 0
-with Flow-GRPO's default ``cfg_gradient="cond"`` (issue 24), recorded with
-``OMP_NUM_THREADS=1 python -m flowrl fit --config configs/quickstart.yaml --trainer.max_steps=40`` on the 2-core dev
-box; the thread count changes float reductions, so compare runs made with the same one. The reference before that
-default changed (``cfg_gradient="both"``, recorded before the method-layer refactor at commit 2426ba1) is in the
-file's git history: the refactor kept it bit for bit.
+The references in ``docs/data/regression/`` (the quickstart's first 20 batches, Dynamic-TreeRPO's 4 and TDM-R1's 5)
+and the commands that recorded them are in that folder's README.md; ``tests/scripts/test_regression_references.py``
+reruns them. They hold bit for bit only for the machine and libraries that recorded them, at one thread
+(``OMP_NUM_THREADS=1``): the thread count, the CPU's vector instructions and library versions change float
+reductions. A run that differs where no commit changed the numbers: rerun the reference's own commit to tell.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 recorded equals its reference bit for bit on every column both have (scripts/compare_metrics.py), so a change that
 moves a method's numbers fails here unless the reference is re-recorded with the reason.
 
-Each fit runs in its own process at OMP_NUM_THREADS=1: the thread count changes float reductions, so the references
-hold for one thread only (recorded with torch 2.13 on CPU). The full recordings take minutes and are slow tests; the
-default suite reruns TDM-R1's first batch (the validation before training and batch 0: its rollout, rewards, the
-three adapters' losses and gradient norms)."""
+Each fit runs in its own process at OMP_NUM_THREADS=1: the thread count, the CPU's vector instructions and library
+versions change float reductions, so the references hold for one thread on the machine and libraries the README
+names. The full recordings take minutes and are slow tests; the default suite reruns TDM-R1's first batch (the
+validation before training and batch 0: its rollout, rewards, the three adapters' losses and gradient norms)."""
 
 import importlib.util
 import os
@@ -41,7 +41,10 @@ def fit_metrics(config: str, options: list[str], root: Path) -> list[dict[str, s
 def assert_matches(reference: str, run: list[dict[str, str]], rows: int | None = None) -> None:
     expected = compare.read(REFERENCES / reference)[:rows]
     run = run[:rows]
-    assert len(expected) > 1 and compare.differences(expected, run) == []
+    found = compare.differences(expected, run)
+    assert len(expected) > 1 and not found, (
+        f"{reference} differs: {found[:5]} (if no commit changed the numbers, the machine or a library did: rerun the "
+        "reference's own commit here to tell; docs/data/regression/README.md)")
     shared = [c for c in expected[0] if c in run[0] and c not in compare.TIMINGS]
     # what "equal" covers: the training metrics, not only the step counter
     assert {"train/reward/total", "val/reward/total", "train/advantage/std"} <= set(shared), shared
