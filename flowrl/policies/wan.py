@@ -73,7 +73,7 @@ class WanPolicy(PipelinePolicy):
         trained_experts: Wan 2.2 A14B: the experts that train (LoRA or full), ``transformer`` (high noise) and/or
             ``transformer_2`` (low noise); the others stay frozen.
         vae_tiling: decode in spatial tiles (large videos).
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy` (checkpointing recomputes each transformer block).
     """
 
@@ -86,8 +86,10 @@ class WanPolicy(PipelinePolicy):
                  flow_shift: Optional[float] = None, guidance_scale_2: Optional[float] = None,
                  trained_experts: Sequence[str] = EXPERTS, torch_dtype: str = "float32",
                  autocast: Optional[str] = None, gradient_checkpointing: bool = False,
-                 vae_chunk_size: Optional[int] = 1, vae_tiling: bool = False, prompt_cache_size: int = 1024):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size)
+                 vae_chunk_size: Optional[int] = 1, vae_tiling: bool = False, prompt_cache_size: int = 1024,
+                 activation_offload: bool = False):
+        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
+                         activation_offload)
         if unknown := sorted(set(trained_experts) - set(EXPERTS)):
             raise ValueError(f"policy.trained_experts names {unknown}; choose among {list(EXPERTS)}")
         path = resolve_model(model)
