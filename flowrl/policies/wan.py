@@ -18,7 +18,8 @@ spatially. Videos come back ``[B, F, 3, H, W]`` in ``[0, 1]``.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import torch
 from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
@@ -136,6 +137,20 @@ class WanPolicy(PipelinePolicy):
         if self.lora is None:  # full fine-tuning of the trained experts only
             for name in set(denoiser.names) - set(denoiser.trained):
                 getattr(denoiser, name).requires_grad_(False)
+
+    def setup_reference(self) -> None:
+        """LoRA: nothing (adapters off); full fine-tuning: frozen copies of the trained experts only."""
+        if self.lora is None:
+            self.denoiser.setup_reference()
+
+    @contextmanager
+    def reference(self) -> Iterator[None]:
+        if self.lora is not None:
+            with super().reference():
+                yield
+            return
+        with self.denoiser.as_reference():
+            yield
 
     def components(self) -> dict:
         return dict(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae, scheduler=self.scheduler,

@@ -8,7 +8,9 @@ through its own expert, in one module that the policy treats as its ``denoiser``
 context, gradient checkpointing and the FSDP2 plan reach both experts through it.
 
 Which experts train is an option (``trained``): LoRA adapters are added to, and full fine-tuning unfreezes, only
-those; an untrained expert stays frozen (and costs no optimizer state).
+those; an untrained expert stays frozen (and costs no optimizer state). Full fine-tuning's KL reference copies only
+the trained experts (``reference_experts``); a frozen expert is its own reference, so training one expert of A14B
+keeps one 14B copy, not two.
 
 Under FSDP2 each expert's blocks are all-gathered in their forward, a collective: every rank must run the same
 experts in the same order. ``collective=True`` runs every expert on every call, an expert with no row of this
@@ -19,7 +21,8 @@ and ranks whose rows fall on different experts still call the same collectives.
 from __future__ import annotations
 
 import copy
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +64,9 @@ class WanExperts(nn.Module):
         if not self.trained:
             raise ValueError(f"policy.trained_experts={list(trained)} names none of this model's experts "
                              f"{self.names}; choose among them")
+        #: full fine-tuning's frozen copies of the trained experts' initial weights, the KL's reference
+        self.reference_experts = nn.ModuleDict()
+        self._as_reference = False
 
     @property
     def names(self) -> list[str]:
@@ -72,6 +78,28 @@ class WanExperts(nn.Module):
 
     def _with_adapters(self) -> list[nn.Module]:
         return [getattr(self, name) for name in self.trained]
+
+    def _running(self) -> list[nn.Module]:
+        """The modules a forward runs, one per expert: inside :meth:`as_reference`, each trained expert's copy."""
+        copies = self.reference_experts if self._as_reference else {}
+        return [copies[name] if name in copies else getattr(self, name) for name in self.names]
+
+    def setup_reference(self) -> None:
+        """Copy the trained experts' current weights, frozen, as the reference (full fine-tuning's KL)."""
+        for name in self.trained:
+            if name not in self.reference_experts:
+                self.reference_experts[name] = copy.deepcopy(getattr(self, name)).requires_grad_(False).eval()
+
+    @contextmanager
+    def as_reference(self) -> Iterator[None]:
+        """Within this context each trained expert runs as its reference copy, the frozen ones as themselves."""
+        if set(self.reference_experts) != set(self.trained):
+            raise RuntimeError("full fine-tuning needs `setup_reference()` before the reference can be used")
+        self._as_reference = True
+        try:
+            yield
+        finally:
+            self._as_reference = False
 
     @property
     def config(self):
@@ -92,7 +120,7 @@ class WanExperts(nn.Module):
 
         ``timestep`` is ``[B]`` or, for Wan 2.2 TI2V-5B, ``[B, tokens]``; ``collective`` runs every expert (FSDP2).
         """
-        experts = self.experts()
+        experts = self._running()
 
         def kwargs(rows, module):  # an expert's inputs in its own dtype (an untrained expert may be bf16)
             image, dtype = encoder_hidden_states_image, module.patch_embedding.weight.dtype  # ModelMixin.dtype: slow
