@@ -15,7 +15,8 @@ keeps one 14B copy, not two.
 Under FSDP2 each expert's blocks are all-gathered in their forward, a collective: every rank must run the same
 experts in the same order. ``collective=True`` runs every expert on every call, an expert with no row of this
 batch on a one-row stand-in whose output enters the result times zero (so its backward runs, with zero gradients),
-and ranks whose rows fall on different experts still call the same collectives.
+and ranks whose rows fall on different experts still call the same collectives. The same stand-in runs a trained
+expert in a training pass whose rows all fall on frozen ones, so that the pass has a backward (of zeros).
 """
 
 from __future__ import annotations
@@ -132,11 +133,16 @@ class WanExperts(nn.Module):
             return experts[0](**kwargs(slice(None), experts[0]))[0]
         expert = torch.zeros(len(hidden_states), dtype=torch.long, device=hidden_states.device) if expert is None \
             else expert.to(hidden_states.device)
+        rows_of = [(expert == index).nonzero().flatten() for index in range(len(experts))]
+        # a training pass whose rows all fall on frozen experts: the trained expert's stand-in gives its loss a graph
+        # (zero gradients, as such rows get in any micro-batch), so that its backward runs as every other one
+        orphan = torch.is_grad_enabled() and not self._as_reference and not any(
+            len(rows) for rows, name in zip(rows_of, self.names) if name in self.trained)
         out, unused = None, None
-        for index, module in enumerate(experts):
-            rows = (expert == index).nonzero().flatten()
+        for index, (module, rows) in enumerate(zip(experts, rows_of)):
             if len(rows) == 0:
-                if collective:  # a one-row stand-in: this rank calls the expert's collectives like the others
+                # a one-row stand-in: under FSDP2 this rank calls the expert's collectives like the others
+                if collective or (orphan and self.names[index] in self.trained):
                     stand_in = module(**kwargs(slice(0, 1), module))[0].float().sum() * 0
                     unused = stand_in if unused is None else unused + stand_in
                 continue
