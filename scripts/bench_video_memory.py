@@ -1,6 +1,6 @@
 """Memory of video training on the tiny Wan 2.1, measured: what a training micro-batch keeps for its backward against
 the video's frames and its resolution (plain, with gradient checkpointing, with activation offload), and what a tree
-rollout stores against its branch count.
+rollout stores against its branch count; and why the training pass does not chunk frames.
 
     OMP_NUM_THREADS=1 python scripts/bench_video_memory.py [--frames 1 5 9 17] [--sizes 32 64 128]
         [--branches 2 3 4 6]
@@ -18,6 +18,9 @@ Trees: TempFlow-GRPO (``branches`` children at each branch step, completed by th
 leaves (rollout rows), the states the rollout stores (``node_latents``: a shared prefix once), the states a dense
 ``[leaves, T+1]`` buffer would hold, stored / distinct states, and the widest model call (nodes per prompt, before
 CFG doubles it).
+
+Chunking: the velocity of a clip computed a few latent frames at a time against the whole clip at once (Wan's
+self-attention spans every frame, so a chunk is another function), and one sample at a time (the same function).
 """
 
 from __future__ import annotations
@@ -173,6 +176,39 @@ def tree_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def chunking_change(root: Path, frames: int = 17, chunks: Sequence[int] = (1, 2), guidance: float = 4.0) -> list[dict]:
+    """How far the guided velocity of the tiny Wan 2.1 (``frames`` frames of 32 px, two samples at two steps) moves
+    when the transformer runs on chunks of ``chunks`` latent frames, or on one row at a time: per chunking the largest
+    change of a frame over the velocity's largest magnitude (``frame_max``, the first frame's ``first``) and the
+    relative norm of the change (``norm``)."""
+    policy = wan_policy(save_wan("wan21", root), frames)
+    torch.manual_seed(0)
+    cond, sigma = policy.encode(["a red cat", "a blue dog"]), policy.sigmas(4)[[1, 2]]
+    z = torch.randn(2, *policy.latent_shape())
+
+    def v(x: Tensor, rows: Sequence[int] = (0, 1)) -> Tensor:
+        return policy.velocity(x, sigma[list(rows)], cond.select(rows), guidance)
+
+    rows = []
+    with torch.no_grad():
+        full = v(z)
+        chunked = {f"{k} latent frame{'s' * (k > 1)}": torch.cat([v(part) for part in z.split(k, dim=2)], 2)
+                   for k in chunks}
+        chunked["1 row (sample)"] = torch.cat([v(z[i:i + 1], (i,)) for i in range(len(z))])
+    for name, out in chunked.items():
+        per_frame = (out - full).abs().amax(dim=(0, 1, 3, 4)) / full.abs().max()
+        rows.append({"chunk": name, "frame_max": per_frame.max().item(), "first": per_frame[0].item(),
+                     "norm": ((out - full).norm() / full.norm()).item()})
+    return rows
+
+
+def chunking_table(rows: list[dict]) -> str:
+    lines = ["| transformer run on chunks of | largest change of a frame / largest velocity | first frame's | "
+             "relative change (norm) |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['chunk']} | {r['frame_max']:.2e} | {r['first']:.2e} | {r['norm']:.2e} |" for r in rows]
+    return "\n".join(lines)
+
+
 def frames_report(models: Sequence[str], root: Path, frames: Sequence[int], guidance: float) -> str:
     """``bench_models.py``'s frames table under its heading when ``models`` include a Wan model, else ``""``."""
     if not any(name in WAN_MODELS for name in models):
@@ -199,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
         print(memory_table(resolution_memory(root, args.sizes), by="size"))
         print("\ntree rollouts, T=10, by branch count:")
         print(tree_table(tree_storage(root, args.branches)))
+        print("\nthe velocity of 17 frames (5 latent frames) computed in chunks, against the whole clip at once:")
+        print(chunking_table(chunking_change(root)))
 
 
 if __name__ == "__main__":

@@ -110,3 +110,12 @@ def test_tree_storage_keeps_each_state_once(tmp_path):
         for r in (tempflow, tree_rpo):
             assert r["stored"] == r["distinct"] and r["dense"] == r["leaves"] * 5 and r["stored"] < r["dense"]
     assert tree_table(list(rows.values())).count("\n| ") == 5
+
+
+def test_chunking_frames_changes_the_velocity_and_chunking_rows_does_not(tmp_path):
+    from scripts.bench_video_memory import chunking_change, chunking_table
+
+    rows = chunking_change(tmp_path, frames=9, chunks=(1,))  # 3 latent frames
+    assert [r["chunk"] for r in rows] == ["1 latent frame", "1 row (sample)"]
+    assert rows[0]["norm"] > 1e-2 and rows[1]["frame_max"] < 1e-5
+    assert chunking_table(rows).count("\n| ") == 3
