@@ -8,10 +8,12 @@ forward saves it and back as the backward reads it, so the accelerator keeps the
 layer that runs. The gradients are the same numbers: the backward reads exact copies.
 
 One change to torch's hooks: parameters (and views of them) stay where they are. ``save_on_cpu`` packs every saved
-tensor, and each linear layer saves its weight (for the input's gradient), so it would copy the whole model to the host in every
-forward (under FSDP2, every gathered block) though the weights already live on the accelerator; only activations
-go to the host here. With gradient checkpointing a block saves nothing but its inputs (torch's non-reentrant
-checkpoint saves them through the same hooks), so the two combine: the inputs then wait on the host as well.
+tensor, and each linear layer saves its weight (for the input's gradient), so it would copy the whole model to the
+host in every forward (under FSDP2, every gathered block) though the weights already live on the accelerator; only
+activations go to the host here. Under ``autocast`` a float32 weight's low-precision cast is a new tensor, copied
+like an activation: keep the frozen weights in ``torch_dtype`` so that none is cast. With gradient checkpointing a
+block saves nothing but its inputs (torch's non-reentrant checkpoint saves them through the same hooks), so the two
+combine: the inputs then wait on the host as well.
 
 Cost: two copies of every saved byte over the host link per pass (to the host in the forward, back in the
 backward), on the compute stream (``save_on_cpu`` does not overlap them with compute), and that much pinned host
@@ -36,8 +38,8 @@ def is_weight(tensor: Tensor) -> bool:
 
 
 class ActivationOffload(saved_tensors_hooks):
-    """``save_on_cpu(pin_memory=True)`` that leaves parameters in place. ``stored_bytes`` counts the bytes packed to
-    the host since the last :meth:`reset` (each saved tensor as packed; a diagnostic the tests and benchmarks read).
+    """``save_on_cpu(pin_memory=True)`` that leaves parameters in place. ``stored_bytes`` counts the bytes it has
+    copied to the host (each saved tensor as packed; a diagnostic the tests and benchmarks read).
 
     >>> w = nn.Parameter(torch.ones(3, 3))
     >>> offload = ActivationOffload()
@@ -48,7 +50,8 @@ class ActivationOffload(saved_tensors_hooks):
     """
 
     def __init__(self):
-        host = torch.autograd.graph.save_on_cpu(pin_memory=True)  # torch's pack / unpack (a pinned copy even of a CPU tensor)
+        # torch's pack and unpack (pinned: a copy, even of a CPU tensor)
+        host = torch.autograd.graph.save_on_cpu(pin_memory=True)
         self.stored_bytes = 0
 
         def pack(tensor: Tensor):
@@ -61,9 +64,6 @@ class ActivationOffload(saved_tensors_hooks):
             return packed if isinstance(packed, Tensor) else host.unpack_hook(packed)
 
         super().__init__(pack, unpack)
-
-    def reset(self) -> None:
-        self.stored_bytes = 0
 
 
 def offload_activations(module: nn.Module) -> ActivationOffload:
