@@ -18,7 +18,7 @@ one process with the calls interleaved (as ``bench_overhead.py``):
   a bare forward+backward of the same micro-batches (mean-square loss on the guided output);
 - memory: bytes of the ``Rollout`` tensors (each storage counted once, at its full size) against the ``B x (T+1) x
   latent numel x 4`` bytes of float32 latents the buffer must hold (target <= 1.2x); with a Wan model, what a
-  training micro-batch keeps for its backward against the video's frames (``bench_wan.py``).
+  training micro-batch keeps for its backward against the video's frames (``bench_video_memory.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from flowrl.policies import LoraOptions  # noqa: E402
 from flowrl.policies.base import FlowPolicy  # noqa: E402
 from scripts.bench_buffer import buffer_bytes, latent_bytes  # noqa: E402
 from scripts.bench_overhead import timed  # noqa: E402
-from scripts.bench_wan import frames_report, wan_model  # noqa: E402
+from scripts.bench_video_memory import frames_report  # noqa: E402
+from scripts.bench_wan import wan_model  # noqa: E402
 
 MODELS = ("tiny", "sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "qwen_edit", "kontext", "wan21", "wan22")
 

@@ -131,14 +131,19 @@ class FlowPolicy(nn.Module):
     #: prediction, SD1.5); the step kinds of ``flowrl.sampling.steps.PREDICTIONS`` must read the same.
     prediction: str = "velocity"
 
-    def __init__(self, lora: Optional[LoraOptions] = None):
+    def __init__(self, lora: Optional[LoraOptions] = None, activation_offload: bool = False):
         super().__init__()
-        self.lora = lora
+        self.lora, self.activation_offload = lora, activation_offload
         self.reference_denoiser: Optional[nn.Module] = None
 
     def _setup_trainable(self, denoiser: nn.Module) -> None:
         """Freeze everything, then add the LoRA adapter ``default`` to ``denoiser`` or unfreeze it whole (full
-        fine-tuning)."""
+        fine-tuning); with ``activation_offload``, the denoiser's forwards keep what they save in host memory
+        (:mod:`flowrl.policies.activation_offload`)."""
+        if self.activation_offload:
+            from flowrl.policies.activation_offload import offload_activations
+
+            self.offload = offload_activations(denoiser)
         self.requires_grad_(False)
         self._trainable_adapters: set[str] = set()
         if self.lora is None:

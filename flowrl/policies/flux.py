@@ -38,7 +38,7 @@ class FluxPolicy(PipelinePolicy):
         lora: LoRA options (default targets: attention and the double blocks' MLPs); None for full fine-tuning.
         resolution: image height and width in pixels.
         max_sequence_length: T5 tokens per prompt (512 for dev, 256 for schnell).
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy`.
     """
 
@@ -49,8 +49,9 @@ class FluxPolicy(PipelinePolicy):
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,
                  max_sequence_length: int = 512, torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
-                 prompt_cache_size: int = 1024):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size)
+                 prompt_cache_size: int = 1024, activation_offload: bool = False):
+        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
+                         activation_offload)
         path = resolve_model(model)
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
         self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=self.torch_dtype).eval()

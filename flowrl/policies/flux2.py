@@ -104,7 +104,7 @@ class Flux2Policy(PaddedPromptPolicy):
             diffusers' ``examples/dreambooth/train_dreambooth_lora_flux2_klein.py``); None for full fine-tuning.
         resolution: image height and width in pixels (a multiple of 16).
         max_sequence_length: text tokens per prompt (padded to this length, as the pipelines do).
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy`.
     """
 
@@ -114,8 +114,9 @@ class Flux2Policy(PaddedPromptPolicy):
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,
                  max_sequence_length: int = 512, torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
-                 prompt_cache_size: int = 1024):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size)
+                 prompt_cache_size: int = 1024, activation_offload: bool = False):
+        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
+                         activation_offload)
         path = resolve_model(model)
         index = DiffusionPipeline.load_config(path)  # model_index.json: the pipeline class and its config
         pipeline = index.get("_class_name", "?")

@@ -65,7 +65,7 @@ class FluxKontextPolicy(FluxPolicy):
             preferred Kontext resolutions, 672 to 1568 px a side; Flow-Factory's recipe: 384 x 384).
         max_sequence_length: T5 tokens per prompt (512).
         image_cache_size: source images whose latents are kept (LRU).
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy`.
     """
 
@@ -77,7 +77,7 @@ class FluxKontextPolicy(FluxPolicy):
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,
                  source_area: Optional[int] = None, max_sequence_length: int = 512, image_cache_size: int = 256,
                  torch_dtype: str = "float32", autocast: Optional[str] = None, gradient_checkpointing: bool = False,
-                 vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024):
+                 vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
         problems = []
         if source_area is not None and source_area < 16 * 16:
             problems.append(f"policy.source_area={source_area} must be >= 256 (16 x 16 px: the VAE and the 2x2 "
@@ -87,7 +87,7 @@ class FluxKontextPolicy(FluxPolicy):
         if problems:
             raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
         super().__init__(model, lora, resolution, max_sequence_length, torch_dtype, autocast, gradient_checkpointing,
-                         vae_chunk_size, prompt_cache_size)
+                         vae_chunk_size, prompt_cache_size, activation_offload)
         self.source_area = source_area
         self.sources = SourceCache(image_cache_size)
 

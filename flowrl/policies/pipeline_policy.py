@@ -81,16 +81,19 @@ class PipelinePolicy(FlowPolicy):
         gradient_checkpointing: recompute the transformer's activations in the backward pass.
         vae_chunk_size: decode at most this many latents at once (None: the whole batch).
         prompt_cache_size: encodings kept per prompt (LRU); 0 disables the cache.
+        activation_offload: keep what the transformer's training forward saves for its backward in pinned host
+            memory, copied back in the backward (``torch.autograd.graph.save_on_cpu``, the weights left in place):
+            activation memory off the accelerator for two host-link copies of it per pass.
     """
 
     pipeline_class: ClassVar[type]
 
     def __init__(self, lora: Optional[LoraOptions], torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
-                 prompt_cache_size: int = 1024):
+                 prompt_cache_size: int = 1024, activation_offload: bool = False):
         if problems := precision_problems(torch_dtype, autocast, vae_chunk_size, prompt_cache_size):
             raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
-        super().__init__(lora)
+        super().__init__(lora, activation_offload)
         self.torch_dtype = DTYPES[torch_dtype]
         self.autocast_dtype = DTYPES[autocast] if autocast else None
         self.gradient_checkpointing, self.vae_chunk_size = gradient_checkpointing, vae_chunk_size

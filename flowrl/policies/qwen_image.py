@@ -67,7 +67,7 @@ class QwenImagePolicy(PaddedPromptPolicy):
         max_sequence_length: text tokens kept per prompt after the template prefix (at most 1024).
         negative_prompt: the unconditional side of true CFG (Flow-Factory and diffusers' examples use ``""``; the
             Qwen-Image model card ``" "``).
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy`.
     """
 
@@ -77,8 +77,9 @@ class QwenImagePolicy(PaddedPromptPolicy):
     def __init__(self, model: str = "Qwen/Qwen-Image", lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0),
                  resolution: int = 512, max_sequence_length: int = 512, negative_prompt: str = "",
                  torch_dtype: str = "float32", autocast: Optional[str] = None, gradient_checkpointing: bool = False,
-                 vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size)
+                 vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
+        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
+                         activation_offload)
         path = resolve_model(model)
         vae_config = AutoencoderKLQwenImage.load_config(path, subfolder="vae")
         transformer_config = QwenImageTransformer2DModel.load_config(path, subfolder="transformer")

@@ -91,7 +91,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
         condition_area: Edit-Plus: pixels each source is resized to for the vision tower (the pipeline: 384 x 384).
         negative_prompt: the unconditional side of true CFG (the Qwen-Image-Edit model cards use ``" "``).
         image_cache_size: prompt records whose encoded sources are kept (LRU).
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy` (prompt encodings are cached per record).
     """
 
@@ -102,13 +102,13 @@ class QwenImageEditPolicy(QwenImagePolicy):
                  source_area: int = 1024 * 1024, condition_area: int = 384 * 384, negative_prompt: str = " ",
                  image_cache_size: int = 256, torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
-                 prompt_cache_size: int = 1024):
+                 prompt_cache_size: int = 1024, activation_offload: bool = False):
         path = resolve_model(model)
         index = DiffusionPipeline.load_config(path)  # the pipeline class and the processor's, before any weight
         if problems := qwen_image_edit_problems(index, source_area, condition_area, image_cache_size):
             raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
         super().__init__(path, lora, resolution, MAX_SEQUENCE_LENGTH, negative_prompt, torch_dtype, autocast,
-                         gradient_checkpointing, vae_chunk_size, prompt_cache_size)
+                         gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload)
         self.pipeline_class = PIPELINES[index["_class_name"]]
         self.plus = self.pipeline_class is QwenImageEditPlusPipeline
         self.conditioning_images = -1 if self.plus else 1

@@ -52,7 +52,7 @@ class SD15Policy(PipelinePolicy):
         lora: LoRA options (default targets: the UNet's attention projections ``to_q/to_k/to_v/to_out.0``, rank 4
             and alpha 4 as DDPO); None for full fine-tuning.
         resolution: image height and width in pixels (512 for SD1.5).
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy`.
 
     Raises:
@@ -68,8 +68,9 @@ class SD15Policy(PipelinePolicy):
     def __init__(self, model: str = "stable-diffusion-v1-5/stable-diffusion-v1-5",
                  lora: Optional[LoraOptions] = LoraOptions(rank=4, alpha=4.0), resolution: int = 512,
                  torch_dtype: str = "float32", autocast: Optional[str] = None, gradient_checkpointing: bool = False,
-                 vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size)
+                 vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
+        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
+                         activation_offload)
         path = resolve_model(model)
         self.resolution = resolution
         self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=self.torch_dtype).eval()

@@ -43,7 +43,7 @@ class SD3Policy(PipelinePolicy):
         resolution: image height and width in pixels.
         text_encoder_3: load the T5 encoder (False saves ~9 GB in bf16; its embedding part is then zeros).
         max_sequence_length: T5 tokens per prompt.
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy`.
     """
 
@@ -54,8 +54,9 @@ class SD3Policy(PipelinePolicy):
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,
                  text_encoder_3: bool = True, max_sequence_length: int = 256, torch_dtype: str = "float32",
                  autocast: Optional[str] = None, gradient_checkpointing: bool = False,
-                 vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size)
+                 vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
+        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
+                         activation_offload)
         path = resolve_model(model)
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
         self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=self.torch_dtype).eval()

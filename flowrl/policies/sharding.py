@@ -6,8 +6,9 @@ after (``reshard_after_forward``), and its gradients are reduce-scattered as its
 what is left (patch and time embeddings, the final norm and projection). LoRA adapters live inside the blocks' linear
 layers (peft), so they are sharded with them; FSDP2 keeps frozen and trained weights side by side in one unit.
 
-A full fine-tuning reference (``reference_denoiser``, the frozen copy the KL compares with) is sharded the same
-way, so it costs each rank a shard, never a whole copy.
+A full fine-tuning reference (``reference_denoiser``, the frozen copy the KL compares with; for Wan the trained
+experts' copies inside the denoiser, ``reference_experts``) is sharded the same way, so it costs each rank a shard,
+never a whole copy.
 
 Text encoders and the VAE stay whole on every rank, frozen and in eval: each rank encodes its own prompts through a
 per-rank cache and decodes its own images, and a sharded encoder would turn every one of those calls into a
@@ -31,8 +32,11 @@ SHARDED_BLOCKS: dict[str, tuple[str, ...]] = {
     "ZImageTransformer2DModel": ("noise_refiner", "context_refiner", "layers"),
     "UNet2DConditionModel": ("down_blocks", "mid_block", "up_blocks"),  # SD1.5
     # Wan (flowrl.policies.wan_experts): every block of each expert, then each expert with what is left of it (patch
-    # and condition embeddings, output norm and projection), so an expert's weights are gathered only when it runs
-    "WanExperts": ("transformer.blocks", "transformer", "transformer_2.blocks", "transformer_2"),
+    # and condition embeddings, output norm and projection), so an expert's weights are gathered only when it runs;
+    # the same for full fine-tuning's reference copies of the trained experts
+    "WanExperts": ("transformer.blocks", "transformer", "transformer_2.blocks", "transformer_2",
+                   "reference_experts.transformer.blocks", "reference_experts.transformer",
+                   "reference_experts.transformer_2.blocks", "reference_experts.transformer_2"),
 }
 
 

@@ -28,12 +28,15 @@ class TinyFlowPolicy(FlowPolicy):
         model: ``flowrl/tiny-digits``, a local folder or a hub id with ``tokenizer/``, ``text_encoder/``,
             ``transformer/`` and ``scheduler/``.
         lora: LoRA options; ``null`` in YAML for full fine-tuning.
+        activation_offload: keep what the training forward saves for its backward in host memory (see
+            :class:`~flowrl.policies.pipeline_policy.PipelinePolicy`).
     """
 
     default_lora_targets = SD3_LORA_TARGETS
 
-    def __init__(self, model: str = "flowrl/tiny-digits", lora: Optional[LoraOptions] = LoraOptions()):
-        super().__init__(lora)
+    def __init__(self, model: str = "flowrl/tiny-digits", lora: Optional[LoraOptions] = LoraOptions(),
+                 activation_offload: bool = False):
+        super().__init__(lora, activation_offload)
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
         self.text_encoder = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder").eval()

@@ -18,7 +18,8 @@ spatially. Videos come back ``[B, F, 3, H, W]`` in ``[0, 1]``.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import torch
 from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
@@ -73,7 +74,7 @@ class WanPolicy(PipelinePolicy):
         trained_experts: Wan 2.2 A14B: the experts that train (LoRA or full), ``transformer`` (high noise) and/or
             ``transformer_2`` (low noise); the others stay frozen.
         vae_tiling: decode in spatial tiles (large videos).
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy` (checkpointing recomputes each transformer block).
     """
 
@@ -86,8 +87,10 @@ class WanPolicy(PipelinePolicy):
                  flow_shift: Optional[float] = None, guidance_scale_2: Optional[float] = None,
                  trained_experts: Sequence[str] = EXPERTS, torch_dtype: str = "float32",
                  autocast: Optional[str] = None, gradient_checkpointing: bool = False,
-                 vae_chunk_size: Optional[int] = 1, vae_tiling: bool = False, prompt_cache_size: int = 1024):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size)
+                 vae_chunk_size: Optional[int] = 1, vae_tiling: bool = False, prompt_cache_size: int = 1024,
+                 activation_offload: bool = False):
+        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
+                         activation_offload)
         if unknown := sorted(set(trained_experts) - set(EXPERTS)):
             raise ValueError(f"policy.trained_experts names {unknown}; choose among {list(EXPERTS)}")
         path = resolve_model(model)
@@ -134,6 +137,20 @@ class WanPolicy(PipelinePolicy):
         if self.lora is None:  # full fine-tuning of the trained experts only
             for name in set(denoiser.names) - set(denoiser.trained):
                 getattr(denoiser, name).requires_grad_(False)
+
+    def setup_reference(self) -> None:
+        """LoRA: nothing (adapters off); full fine-tuning: frozen copies of the trained experts only."""
+        if self.lora is None:
+            self.denoiser.setup_reference()
+
+    @contextmanager
+    def reference(self) -> Iterator[None]:
+        if self.lora is not None:
+            with super().reference():
+                yield
+            return
+        with self.denoiser.as_reference():
+            yield
 
     def components(self) -> dict:
         return dict(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae, scheduler=self.scheduler,

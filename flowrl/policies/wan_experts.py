@@ -8,18 +8,22 @@ through its own expert, in one module that the policy treats as its ``denoiser``
 context, gradient checkpointing and the FSDP2 plan reach both experts through it.
 
 Which experts train is an option (``trained``): LoRA adapters are added to, and full fine-tuning unfreezes, only
-those; an untrained expert stays frozen (and costs no optimizer state).
+those; an untrained expert stays frozen (and costs no optimizer state). Full fine-tuning's KL reference copies only
+the trained experts (``reference_experts``); a frozen expert is its own reference, so training one expert of A14B
+keeps one 14B copy, not two.
 
 Under FSDP2 each expert's blocks are all-gathered in their forward, a collective: every rank must run the same
 experts in the same order. ``collective=True`` runs every expert on every call, an expert with no row of this
 batch on a one-row stand-in whose output enters the result times zero (so its backward runs, with zero gradients),
-and ranks whose rows fall on different experts still call the same collectives.
+and ranks whose rows fall on different experts still call the same collectives. The same stand-in runs a trained
+expert in a training pass whose rows all fall on frozen ones, so that the pass has a backward (of zeros).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +65,9 @@ class WanExperts(nn.Module):
         if not self.trained:
             raise ValueError(f"policy.trained_experts={list(trained)} names none of this model's experts "
                              f"{self.names}; choose among them")
+        #: full fine-tuning's frozen copies of the trained experts' initial weights, the KL's reference
+        self.reference_experts = nn.ModuleDict()
+        self._as_reference = False
 
     @property
     def names(self) -> list[str]:
@@ -72,6 +79,28 @@ class WanExperts(nn.Module):
 
     def _with_adapters(self) -> list[nn.Module]:
         return [getattr(self, name) for name in self.trained]
+
+    def _running(self) -> list[nn.Module]:
+        """The modules a forward runs, one per expert: inside :meth:`as_reference`, each trained expert's copy."""
+        copies = self.reference_experts if self._as_reference else {}
+        return [copies[name] if name in copies else getattr(self, name) for name in self.names]
+
+    def setup_reference(self) -> None:
+        """Copy the trained experts' current weights, frozen, as the reference (full fine-tuning's KL)."""
+        for name in self.trained:
+            if name not in self.reference_experts:
+                self.reference_experts[name] = copy.deepcopy(getattr(self, name)).requires_grad_(False).eval()
+
+    @contextmanager
+    def as_reference(self) -> Iterator[None]:
+        """Within this context each trained expert runs as its reference copy, the frozen ones as themselves."""
+        if set(self.reference_experts) != set(self.trained):
+            raise RuntimeError("full fine-tuning needs `setup_reference()` before the reference can be used")
+        self._as_reference = True
+        try:
+            yield
+        finally:
+            self._as_reference = False
 
     @property
     def config(self):
@@ -92,7 +121,7 @@ class WanExperts(nn.Module):
 
         ``timestep`` is ``[B]`` or, for Wan 2.2 TI2V-5B, ``[B, tokens]``; ``collective`` runs every expert (FSDP2).
         """
-        experts = self.experts()
+        experts = self._running()
 
         def kwargs(rows, module):  # an expert's inputs in its own dtype (an untrained expert may be bf16)
             image, dtype = encoder_hidden_states_image, module.patch_embedding.weight.dtype  # ModelMixin.dtype: slow
@@ -104,11 +133,16 @@ class WanExperts(nn.Module):
             return experts[0](**kwargs(slice(None), experts[0]))[0]
         expert = torch.zeros(len(hidden_states), dtype=torch.long, device=hidden_states.device) if expert is None \
             else expert.to(hidden_states.device)
+        rows_of = [(expert == index).nonzero().flatten() for index in range(len(experts))]
+        # a training pass whose rows all fall on frozen experts: the trained expert's stand-in gives its loss a graph
+        # (zero gradients, as such rows get in any micro-batch), so that its backward runs as every other one
+        orphan = torch.is_grad_enabled() and not self._as_reference and not any(
+            len(rows) for rows, name in zip(rows_of, self.names) if name in self.trained)
         out, unused = None, None
-        for index, module in enumerate(experts):
-            rows = (expert == index).nonzero().flatten()
+        for index, (module, rows) in enumerate(zip(experts, rows_of)):
             if len(rows) == 0:
-                if collective:  # a one-row stand-in: this rank calls the expert's collectives like the others
+                # a one-row stand-in: under FSDP2 this rank calls the expert's collectives like the others
+                if collective or (orphan and self.names[index] in self.trained):
                     stand_in = module(**kwargs(slice(0, 1), module))[0].float().sum() * 0
                     unused = stand_in if unused is None else unused + stand_in
                 continue

@@ -67,7 +67,7 @@ class ZImagePolicy(PaddedPromptPolicy):
         max_sequence_length: text tokens per prompt, chat template included (the pipeline truncates there).
         negative_prompt: the unconditional side of CFG (the pipeline's default is ``""``).
         cfg_normalization: cap each guided velocity's norm at this multiple of the conditional one (0: off).
-        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size: see
+        torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
             :class:`~flowrl.policies.pipeline_policy.PipelinePolicy`.
     """
 
@@ -79,8 +79,9 @@ class ZImagePolicy(PaddedPromptPolicy):
                  max_sequence_length: int = 512, negative_prompt: str = "", cfg_normalization: float = 0.0,
                  torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
-                 prompt_cache_size: int = 1024):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size)
+                 prompt_cache_size: int = 1024, activation_offload: bool = False):
+        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
+                         activation_offload)
         path = resolve_model(model)
         blocks = AutoencoderKL.load_config(path, subfolder="vae").get("block_out_channels", [128] * 4)
         if problems := z_image_problems(resolution, 2 ** (len(blocks) - 1), max_sequence_length, cfg_normalization):

@@ -19,6 +19,15 @@ def wan_experts(two: bool):
     return WanExperts(wan_transformer(), wan_transformer() if two else None, 875.0 if two else None)
 
 
+def wan_full_finetuning_of_one_expert():
+    """Wan 2.2 training ``transformer`` whole: its reference copy is sharded too, the frozen expert has none."""
+    from flowrl.policies.wan_experts import WanExperts
+
+    experts = WanExperts(wan_transformer(), wan_transformer(), 875.0, trained=["transformer"])
+    experts.setup_reference()
+    return experts
+
+
 @pytest.mark.parametrize("build,expected", [
     (lambda: build_transformer(num_layers=2), ["transformer_blocks.0", "transformer_blocks.1"]),
     (lambda: flux_components()["transformer"], ["transformer_blocks.0", "single_transformer_blocks.0"]),
@@ -36,7 +45,12 @@ def wan_experts(two: bool):
     (lambda: wan_experts(False), ["transformer.blocks.0", "transformer.blocks.1", "transformer"]),
     (lambda: wan_experts(True), ["transformer.blocks.0", "transformer.blocks.1", "transformer",
                                  "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2"]),
-], ids=["sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "qwen_edit", "kontext", "wan21", "wan22"])
+    (wan_full_finetuning_of_one_expert, ["transformer.blocks.0", "transformer.blocks.1", "transformer",
+                                         "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2",
+                                         "reference_experts.transformer.blocks.0",
+                                         "reference_experts.transformer.blocks.1", "reference_experts.transformer"]),
+], ids=["sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "qwen_edit", "kontext", "wan21", "wan22",
+        "wan22-reference"])
 def test_each_denoiser_shards_its_blocks(build, expected):
     denoiser = build()
     blocks = denoiser_blocks(denoiser)

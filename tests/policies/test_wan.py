@@ -151,6 +151,15 @@ def test_lora_on_one_expert_and_full_finetuning_of_one(wan_dirs):
                                       full.denoiser.transformer.named_parameters()}  # checkpoints: trained only
 
 
+def test_a_training_pass_on_the_frozen_experts_rows_alone_has_a_backward_of_zeros(wan_dirs):
+    policy = wan(wan_dirs["wan22"], trained_experts=["transformer"])
+    sigma = policy.sigmas(6)[[4, 5]]  # both rows on the low-noise expert, which does not train
+    assert policy.denoiser.expert_index(policy.timesteps(sigma)).tolist() == [1, 1]
+    z, cond = torch.randn(2, *policy.latent_shape()), policy.encode(PROMPTS)
+    policy.velocity(z, sigma, cond, 3.0).square().mean().backward()  # a PPO micro-batch of such rows
+    assert all(p.grad is not None and not p.grad.any() for p in policy.trainable_parameters())
+
+
 def test_reference_is_the_backbone_for_both_experts(wan_dirs):
     policy = wan(wan_dirs["wan22"])
     with torch.no_grad():

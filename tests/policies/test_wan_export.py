@@ -1,6 +1,7 @@
 """Export of Wan policies for diffusers: each trained expert's LoRA file loads into the plain WanPipeline with
 ``load_lora_weights`` (Wan 2.2's low-noise expert with ``load_into_transformer_2``) and reproduces the adapter's ODE
-video; the merged pipeline loads with ``from_pretrained``; LoRA weights load back onto a policy."""
+video; the merged pipeline loads with ``from_pretrained``; LoRA weights load back onto a policy; the same for
+image-to-video (``WanImageToVideoPipeline``, LoRA on the image tokens' attention included)."""
 
 import torch
 from diffusers import WanPipeline
@@ -91,3 +92,41 @@ def test_export_command_from_a_two_expert_fit_checkpoint(wan_dirs, tmp_path):
                 if k.startswith(f"policy.denoiser.{expert}.") and "lora_" in k}
         loaded = get_peft_model_state_dict(getattr(pipe, expert), adapter_name="default_0")
         assert want and sorted(loaded) == sorted(want) and all(torch.equal(loaded[k], want[k]) for k in want)
+
+
+def test_image_to_video_lora_and_merged_pipeline_reproduce_the_adapters_ode_sample(wan_dirs, tmp_path):
+    from diffusers import WanImageToVideoPipeline
+
+    from flowrl.rewards.pil_images import to_pil
+    from flowrl.sampling.sampler import sample, seeded_noise
+    from tests.policies.test_wan_i2v import first_frames, i2v
+    from tests.policies.tiny_wan import FRAMES, SIZE
+
+    path = wan_dirs["wan21_i2v"]
+    policy = i2v(path)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    # LoRA on the image tokens' attention too (add_k_proj, add_v_proj: Wan 2.1 I2V's CLIP cross-attention)
+    assert any(".add_k_proj.lora_" in n for n, _ in policy.named_parameters())
+    frame = first_frames(1)[0]
+    cond = policy.encode(PROMPTS, images=[[frame], [frame]])
+    velocity = lambda z, sigma, rows: policy.velocity(z, sigma, cond.select(rows), GUIDANCE)  # noqa: E731
+    ours = sample(velocity, SEEDS, policy.sigmas(STEPS), policy.latent_shape(), "ode")[0][:, -1]
+    noise = seeded_noise(SEEDS, policy.latent_shape(), 1)[:, 0]
+
+    def pipeline_sample(pipe):  # the adapter's prompt embeddings: the I2V pipeline's encode_prompt needs ftfy
+        return pipe(image=to_pil(frame[None])[0], prompt_embeds=cond.embeds, negative_prompt_embeds=cond.null_embeds,
+                    height=SIZE, width=SIZE, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=GUIDANCE,
+                    latents=noise, output_type="latent").frames
+
+    assert (pipeline_sample(WanImageToVideoPipeline.from_pretrained(path)) - ours).abs().max() > 1e-3
+    export_lora(policy, tmp_path / "lora")
+    assert [p.name for p in (tmp_path / "lora").iterdir()] == ["pytorch_lora_weights.safetensors"]
+    with_lora = load_exported(WanImageToVideoPipeline.from_pretrained(path), tmp_path / "lora")
+    assert any(".add_k_proj.lora_" in n for n, _ in with_lora.transformer.named_parameters())
+    torch.testing.assert_close(pipeline_sample(with_lora), ours, atol=1e-5, rtol=1e-4)
+    export_pipeline(policy, tmp_path / "merged")
+    merged = WanImageToVideoPipeline.from_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(pipeline_sample(merged), ours, atol=1e-5, rtol=1e-4)
