@@ -1,7 +1,7 @@
 """Per-adapter overhead of flowrl against the bare model calls it wraps, and the memory of its trajectory buffer.
 
     OMP_NUM_THREADS=1 python scripts/bench_models.py [--models tiny sd3 flux sd15 qwen_image flux2 zimage qwen_edit
-        kontext wan21 wan22] [--batch 8] [--steps 10] [--repeats 5] [--frames 1 5 9 17]
+        kontext wan21 wan22] [--batch 8] [--steps 10] [--repeats 5] [--frames 1 5 9 17] [--cfg-gradient cond]
 
 For each policy adapter at tiny size (the embedded ``flowrl/tiny-digits``; random-weight pipelines built as the tests
 build them, saved to a temporary folder and loaded through the adapter's ``from_pretrained`` path), side by side in
@@ -15,7 +15,9 @@ one process with the calls interleaved (as ``bench_overhead.py``):
   unpadded captions at reversed time for Z-Image), the editing families' transformers on the noisy and source
   tokens (``bench_edit_calls.py``), each Wan expert on its rows' steps with CFG (``bench_wan.py``);
 - training: ``PPOUpdate.pair_loss`` forward+backward over every trained (sample, step) pair in micro-batches against
-  a bare forward+backward of the same micro-batches (mean-square loss on the guided output);
+  a bare forward+backward of the same micro-batches (mean-square loss on the guided output, the CFG pair as one
+  batch); flowrl's pass follows ``--cfg-gradient`` (FlowGRPO's default ``cond``: the unconditional half in a
+  no-graph call of its own, one more call per micro-batch than the bare pass and no backward through that half);
 - memory: bytes of the ``Rollout`` tensors (each storage counted once, at its full size) against the ``B x (T+1) x
   latent numel x 4`` bytes of float32 latents the buffer must hold (target <= 1.2x); with a Wan model, what a
   training micro-batch keeps for its backward against the video's frames (``bench_video_memory.py``).
@@ -180,12 +182,12 @@ def new_family(name: str, root: Path, lora: LoraOptions) -> tuple[FlowPolicy, Ca
 
 
 def measure(name: str, root: Path, batch: int, steps: int, micro_batch: int, repeats: int,
-            guidance: float = 4.5) -> dict:
+            guidance: float = 4.5, cfg_gradient: str = "cond") -> dict:
     """Rollout and training medians (flowrl and bare, seconds) and the trajectory buffer's bytes for one adapter."""
     torch.manual_seed(0)
     policy, make_bare, step_kind, noise_level = build_policy(name, root)
     method = FlowGRPO(policy, num_steps=steps, guidance_scale=guidance, step_kind=step_kind,
-                      noise_level=noise_level, micro_batch_size=micro_batch)
+                      noise_level=noise_level, micro_batch_size=micro_batch, cfg_gradient=cfg_gradient)
     prompts = ["a red cat on the tree", "a photo of a blue dog"] * (batch // 2) + ["a green tree"] * (batch % 2)
     from scripts.bench_edit_calls import edit_images
 
@@ -262,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--guidance", type=float, default=4.5)
     parser.add_argument("--frames", type=int, nargs="+", default=[1, 5, 9, 17], help="video frames of the memory rows")
+    parser.add_argument("--cfg-gradient", choices=["cond", "both"], default="cond",
+                        help="FlowGRPO's training pass: cond (its default: the unconditional half without a graph, "
+                             "a call of its own) or both (the CFG pair as one batch, as the bare calls)")
     args = parser.parse_args(argv)
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
@@ -272,11 +277,12 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
     with tempfile.TemporaryDirectory() as tmp:
-        results = [measure(name, Path(tmp), args.batch, args.steps, args.micro_batch, args.repeats, args.guidance)
-                   for name in args.models]
+        results = [measure(name, Path(tmp), args.batch, args.steps, args.micro_batch, args.repeats, args.guidance,
+                           args.cfg_gradient) for name in args.models]
         frames = frames_report(args.models, Path(tmp), args.frames, args.guidance)  # "" without a Wan model
     print(f"machine: {torch.get_num_threads()} CPU threads, torch {torch.__version__}; batch {args.batch}, "
-          f"T={args.steps}, guidance {args.guidance}, micro-batch {args.micro_batch}, median of {args.repeats}")
+          f"T={args.steps}, guidance {args.guidance}, micro-batch {args.micro_batch}, median of {args.repeats}, "
+          f"cfg_gradient {args.cfg_gradient}")
     print(table(results) + frames)
 
 

@@ -1,8 +1,10 @@
 """Two-step ``python -m flowrl fit`` runs of the editing families on tiny pipelines from prompt records with source
 images: with LoRA and recomputed log-probs the first minibatch is exactly on-policy, the edit reward (a function of
 output and source) is logged, and the exported LoRA loads into the plain pipeline; the rewards change with the
-sources; DenseGRPO's ODE completions are scored with their own trajectories' sources."""
+sources; DenseGRPO's ODE completions are scored with their own trajectories' sources; records whose sources are
+missing or miscounted stop the CLI before any weight loads."""
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -123,3 +125,23 @@ def test_the_editing_pages_worked_example_runs_and_gives_its_numbers(flux_kontex
     for reward in ("edit_consistency", "keeps_palette"):  # the page quotes the first batch's rewards
         assert f"`train/reward/{reward}` ({float(first[f'train/reward/{reward}']):.3f}" in page
     assert float(first["train/check_ratio_max_dev"]) < 1e-5 and list(tmp_path.rglob("samples/step_000001.png"))
+
+
+@pytest.mark.parametrize("family,model_dir", [(f, f) for f in FAMILIES], indirect=["model_dir"])
+def test_records_with_missing_or_miscounted_sources_fail_before_any_weight_loads(family, model_dir, tmp_path,
+                                                                                 refuse_weights):
+    records = write_records(tmp_path / "data", sizes=((40, 48), (40, 48), (40, 48)))
+    (tmp_path / "data/sources/1_0.png").unlink()  # line 2's source is gone
+    lines = records.read_text().splitlines()
+    # line 3: two sources for Kontext (it takes exactly one), none for Qwen-Image-Edit(-Plus) (it takes at least one)
+    lines[2] = json.dumps({"prompt": "add a red hat", "images": ["sources/0_0.png"] * 2 if family == "kontext"
+                           else []})
+    records.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit) as err:  # refuse_weights: any diffusers from_pretrained fails the test instead
+        main(edit_args(family, model_dir, tmp_path / "run", records))
+    message, policy = str(err.value), FAMILIES[family][0].rpartition(".")[2]
+    assert f"data.prompts={records} line 2: image '{tmp_path / 'data/sources/1_0.png'}' does not exist" in message
+    count = "has 2 images; FluxKontextPolicy takes exactly 1" if family == "kontext" else \
+        f"has no images; {policy} takes at least 1"
+    assert f"data.prompts={records} line 3 {count} per prompt" in message
+    assert "line 1" not in message  # the good record is not named

@@ -1,5 +1,6 @@
-"""The FLUX.1 Kontext adapter on a tiny random-weight FluxKontextPipeline loaded through from_pretrained: the source
-latents are encoded once per image, and the sigma grid and ODE samples equal the plain pipeline's."""
+"""The FLUX.1 Kontext adapter on a tiny random-weight FluxKontextPipeline loaded through from_pretrained: the prompt
+encodings equal the pipeline's, the source latents are encoded once per image, the sigma grid and ODE samples equal
+the plain pipeline's, and the VAE decodes in chunks."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from flowrl.policies.flux_kontext import FLUX_KONTEXT_LORA_TARGETS
 from flowrl.policies.source_latents import SOURCE, SOURCE_GRID
 from flowrl.rewards.pil_images import to_pil
 from flowrl.sampling.sampler import sample
+from tests.policies.chunked_decode import assert_decodes_in_chunks
 from tests.policies.pipeline_oracle import pipeline_run, start_noise
 from tests.policies.tiny_editing import source_images
 
@@ -24,6 +26,25 @@ def kontext(path, **kw):
 
 def records():
     return [source_images(1, size=(3, 32, 48))[0], source_images(1, size=(3, 24, 64), seed=1)[0]]
+
+
+def test_prompt_encodings_are_the_pipelines(flux_kontext_dir):
+    policy, pipe = kontext(flux_kontext_dir), FluxKontextPipeline.from_pretrained(flux_kontext_dir)
+    images = records()
+    cond = policy.encode([EDITS[0], EDITS[1], EDITS[0]], images=[[images[0]], [images[1]], [images[0]]])
+    embeds, pooled, _ = pipe.encode_prompt(prompt=EDITS, prompt_2=None, max_sequence_length=16)
+    assert cond.embeds.shape == (3, 16, embeds.shape[-1]) and cond.null_embeds is None  # T5 padded to 16, no CFG
+    torch.testing.assert_close(cond.embeds, embeds[[0, 1, 0]])
+    torch.testing.assert_close(cond.pooled, pooled[[0, 1, 0]])
+    assert (cond.embeds[0] - cond.embeds[1]).abs().max() > 1e-4  # the prompts differ, so do their encodings
+    for prompt, image in zip(EDITS, images):  # and they are what the pipeline's own call conditions on
+        seen = {}
+        pipe.set_progress_bar_config(disable=True)
+        pipe(image=to_pil(image[None])[0], prompt=prompt, num_inference_steps=1, height=32, width=32,
+             max_area=32 * 32, _auto_resize=False, max_sequence_length=16, output_type="latent",
+             callback_on_step_end=lambda p, i, t, tensors: seen.update(tensors) or {},
+             callback_on_step_end_tensor_inputs=["prompt_embeds"])
+        torch.testing.assert_close(cond.embeds[EDITS.index(prompt)], seen["prompt_embeds"][0])
 
 
 def test_sources_are_encoded_once_per_image_into_shared(flux_kontext_dir, monkeypatch):
@@ -80,6 +101,10 @@ def test_one_source_image_per_prompt(flux_kontext_dir):
         policy.encode(EDITS)
     with pytest.raises(ValueError, match=r"exactly 1 source image per prompt; got \[1, 2\]"):
         policy.encode(EDITS, images=[[a], [a, b]])
+
+
+def test_decode_in_chunks_equals_whole(flux_kontext_dir, monkeypatch):
+    assert_decodes_in_chunks(lambda **kw: kontext(flux_kontext_dir, **kw), monkeypatch)
 
 
 def test_bad_options_fail_before_any_weight_loads(flux_kontext_dir, refuse_weights):

@@ -1,5 +1,6 @@
 """The Qwen-Image-Edit adapter on tiny random-weight QwenImageEditPlusPipeline / QwenImageEditPipeline folders loaded
-through from_pretrained: prompt+image encodings, the sigma grid and ODE samples equal the plain pipelines'."""
+through from_pretrained: prompt+image encodings (of both models), the sigma grid and ODE samples equal the plain
+pipelines'; the VAE decodes in chunks."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from flowrl.policies import LoraOptions, QwenImageEditPolicy
 from flowrl.policies.source_latents import SOURCE, SOURCE_GRID
 from flowrl.rewards.pil_images import to_pil
 from flowrl.sampling.sampler import sample
+from tests.policies.chunked_decode import assert_decodes_in_chunks
 from tests.policies.pipeline_oracle import pipeline_run, start_noise
 from tests.policies.tiny_editing import CONDITION_AREA, SOURCE_AREA, source_images
 
@@ -37,7 +39,7 @@ def folders(qwen_edit_plus_dir, qwen_edit_dir):
     return {"plus": qwen_edit_plus_dir, "edit": qwen_edit_dir}
 
 
-def pipeline_embeds(pipe, image, prompt):
+def pipeline_embeds(pipe, image, prompt, **call):
     """The prompt embeddings the pipeline's own call computes for ``prompt`` with ``image`` (read at its first
     step)."""
     seen = {}
@@ -48,7 +50,7 @@ def pipeline_embeds(pipe, image, prompt):
 
     pipe.set_progress_bar_config(disable=True)
     pipe(image=image, prompt=prompt, num_inference_steps=2, height=32, width=32, callback_on_step_end=keep,
-         callback_on_step_end_tensor_inputs=["prompt_embeds"], output_type="latent")
+         callback_on_step_end_tensor_inputs=["prompt_embeds"], output_type="latent", **call)
     return seen["embeds"][0]
 
 
@@ -74,6 +76,23 @@ def test_encodings_are_the_pipelines_per_record_and_each_record_is_encoded_once(
     # sources at 32 x 32 px (a 40 x 48 image at 1024 px, multiples of 32): 8 x 8 latents, a 4 x 4 token grid each
     assert cond.shared[SOURCE_GRID].tolist() == [[[4, 4], [4, 4]], [[4, 4], [0, 0]], [[4, 4], [4, 4]]]
     assert cond.shared[SOURCE].shape == (3, 32, 16) and cond.shared[SOURCE][1, 16:].abs().max() == 0
+
+
+def test_the_single_source_models_encodings_are_the_pipelines(qwen_edit_dir, tiny_sizes):
+    """Qwen-Image-Edit (the first release): its template, with the source read by the vision tower at the VAE size."""
+    policy, pipe = edit(qwen_edit_dir), QwenImageEditPipeline.from_pretrained(qwen_edit_dir)
+    wide = source_images(1, size=(3, 30, 90), seed=3)[0]  # another aspect ratio: another count of image tokens
+    a, = source_images(1)
+    cond = policy.encode([EDITS[0], EDITS[1], EDITS[0]], images=[[a], [wide], [a]])
+    lengths = cond.extra["mask"].sum(1).tolist()
+    assert lengths[0] != lengths[1] and lengths[0] == lengths[2]  # padded to one length and masked
+    for row, (image, prompt) in enumerate([(a, EDITS[0]), (wide, EDITS[1])]):
+        want = pipeline_embeds(pipe, to_pil(image[None])[0], prompt)
+        assert lengths[row] == len(want)  # the edit template's tokens after the 64 dropped, the source's included
+        torch.testing.assert_close(cond.embeds[row, :lengths[row]], want)
+        negative = pipeline_embeds(pipe, to_pil(image[None])[0], " ", true_cfg_scale=1.0)  # " ": the policy's default
+        torch.testing.assert_close(cond.null_embeds[row, :int(cond.null_extra["mask"][row].sum())], negative)
+    torch.testing.assert_close(cond.embeds[2], cond.embeds[0])
 
 
 def test_sigmas_are_the_pipelines_grid(qwen_edit_plus_dir, tiny_sizes):
@@ -120,6 +139,11 @@ def test_image_counts_are_checked_per_model(folders):
         single.encode(EDITS, images=[[a], [a, b]])
     with pytest.raises(ValueError, match=r"at least 1 source image per prompt; got \[0, 1\]"):
         plus.encode(EDITS, images=[[], [a]])
+
+
+@pytest.mark.parametrize("kind", ["plus", "edit"])
+def test_decode_in_chunks_equals_whole(kind, folders, monkeypatch):
+    assert_decodes_in_chunks(lambda **kw: edit(folders[kind], **kw), monkeypatch)
 
 
 def test_bad_options_and_folders_fail_before_any_weight_loads(qwen_edit_plus_dir, qwen_image_dir, refuse_weights):

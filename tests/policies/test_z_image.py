@@ -5,6 +5,7 @@ import torch
 from diffusers import ZImagePipeline
 
 from flowrl.policies import LoraOptions, ZImagePolicy
+from tests.policies.chunked_decode import assert_decodes_in_chunks
 from tests.policies.mixed_precision import assert_mixed_precision
 from tests.policies.pipeline_oracle import PROMPTS, adapter_ode, pipeline_run, start_noise
 
@@ -70,6 +71,10 @@ def test_turbo_style_sampling_without_cfg_equals_the_pipelines(zimage_dir):
     theirs, _ = pipeline_run(pipe, prompt=list(PROMPTS), guidance_scale=0.0, latents=start_noise(policy),
                              num_inference_steps=2, height=32, width=32, max_sequence_length=32)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_in_chunks_equals_whole(zimage_dir, monkeypatch):
+    assert_decodes_in_chunks(lambda **kw: zimage(zimage_dir, **kw), monkeypatch)
 
 
 def test_bad_options_fail_before_any_weight_loads(zimage_dir, refuse_weights):
