@@ -12,6 +12,16 @@ from typing import Any, Optional
 
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from lightning.pytorch.loops.utilities import _is_max_limit_reached
+
+
+def fit_stops(trainer) -> bool:
+    """Whether Lightning's fit loop stops at its next check: ``_FitLoop.done`` without the line it logs ("`Trainer.fit`
+    stopped: ..."), which must not start in the middle of the bar's line."""
+    loop = trainer.fit_loop
+    return (loop.max_batches == 0 or _is_max_limit_reached(trainer.global_step, loop.max_steps)
+            or _is_max_limit_reached(loop.epoch_progress.current.processed, loop.max_epochs)
+            or (trainer.should_stop and loop._can_stop_early))
 
 
 def run_total(max_steps: int) -> Optional[int]:
@@ -46,7 +56,15 @@ class RunProgressBar(TQDMProgressBar):
                 bar.close()  # its line ends here: Lightning's "`Trainer.fit` stopped" then starts on a line of its own
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        pass
+        # every way a fit ends but an error passes here before the fit loop says why it stopped: max_steps, max_epochs,
+        # trainer.should_stop (max_time, early stopping, SIGTERM)
+        if self._train_progress_bar is not None and fit_stops(trainer):
+            self.train_progress_bar.close()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        for bar in (self._train_progress_bar, self._val_progress_bar):
+            if bar is not None:
+                bar.close()  # the traceback starts on a line of its own
 
     def get_metrics(self, trainer, pl_module) -> dict:
         metrics = super().get_metrics(trainer, pl_module)

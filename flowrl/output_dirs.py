@@ -8,22 +8,33 @@ from pathlib import Path
 from typing import Optional
 
 
-def unwritable(folder: str) -> Optional[str]:
+def unwritable(folder: str, keep: bool = True) -> Optional[str]:
     """Why ``folder`` cannot take a new file (``None`` if it can), creating it if missing. A real write, not
     ``os.access``: that says yes to root on a read-only mount and no on some network filesystems that accept
-    writes.
+    writes. ``keep=False``: the folders the check made are removed again (a command that may still be rejected for
+    another reason leaves nothing behind).
 
     >>> unwritable(tempfile.mkdtemp()) is None
     True
     >>> file = tempfile.mkstemp()[1]; unwritable(str(Path(file) / "sub")).split(":")[0]
     'NotADirectoryError'
+    >>> base = Path(tempfile.mkdtemp()); unwritable(str(base / "a" / "b"), keep=False), list(base.iterdir())
+    (None, [])
     """
+    path = Path(folder).expanduser()
+    made = [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]  # deepest first
     try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".flowrl-write-check-"):
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".flowrl-write-check-"):
             pass
     except OSError as err:
         return f"{type(err).__name__}: {err}"
+    finally:
+        for p in made if not keep else []:
+            try:
+                p.rmdir()
+            except OSError:  # not made here after all (another process's), or not empty: left as it is
+                break
     return None
 
 

@@ -1,6 +1,6 @@
 """The README's quickstart for seeds 0, 1 and 2, exactly as a user runs it, and the figures the docs quote from it.
 
-    python scripts/quickstart_seeds.py                    # runs the 3 seeds (~10 min each on 2 idle cores)
+    python scripts/quickstart_seeds.py                    # runs the 3 seeds (about 11 min each on 2 idle cores)
     python scripts/quickstart_seeds.py --keep docs/data/quickstart   # ... and keeps their metrics.csv there
     python scripts/quickstart_seeds.py --report docs/data/quickstart # only the figures, from kept files
 
@@ -8,7 +8,8 @@ Each seed is ``python -m flowrl fit --config configs/quickstart.yaml --seed_ever
 (torch's default thread count: the number of cores; a different thread count changes the float reductions and so
 the last digits of a run). The report is the validation alignment before and after per seed, their mean and
 sample std, and the share of the headroom to the classifier's ceiling: the numbers the README, Getting started
-and Results quote, which ``tests/docs/test_quickstart_figures.py`` holds equal to the kept files.
+and Results quote, which ``tests/docs/test_quickstart_figures.py`` holds equal to the kept files. The wall time each
+seed prints is not in its metrics: the one the docs quote is kept in ``docs/data/recorded.csv`` (``quickstart/seed2``).
 """
 
 from __future__ import annotations

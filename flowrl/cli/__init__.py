@@ -1,5 +1,7 @@
 """``python -m flowrl {fit,validate,test,predict}``: LightningCLI with omegaconf interpolation; ``python -m flowrl
-export --ckpt CKPT --out DIR [--merged]`` writes a trained policy for diffusers (``flowrl.policies.export``).
+export --ckpt CKPT --out DIR [--merged]`` writes a trained policy for diffusers (``flowrl.policies.export``) and
+``python -m flowrl evaluate`` compares models on a prompt suite (``flowrl.evaluation.command``); the top-level
+``--help`` lists all six.
 
 ``parser_mode="omegaconf+"`` resolves interpolations after command-line overrides are applied (plain
 ``omegaconf`` resolves them per file and then ignores an override of a referenced key); absolute interpolation
@@ -16,6 +18,7 @@ A SIGTERM stops ``fit`` after the current batch with a checkpoint and the summar
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 import warnings
@@ -24,7 +27,7 @@ from typing import Any, Optional
 
 from jsonargparse import set_parsing_settings
 from lightning.pytorch.callbacks import BasePredictionWriter, ProgressBar
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -38,9 +41,18 @@ from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint
 from flowrl.cli.config_checks import config_problems, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, release_unused, share_log_versions
 from flowrl.cli.method_switch import method_switch
+from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
 from flowrl.cli.rendezvous import rendezvous_notice
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
+
+DESCRIPTION = "flowrl: RL post-training of diffusion and flow-matching generators, a PyTorch Lightning plug-in."
+#: the subcommands that are not LightningCLI's: {name: (the top-level help's line, the module whose main runs it)}
+OWN_SUBCOMMANDS = {
+    "evaluate": ("The base model against tuned checkpoints on a prompt suite, with a report folder.",
+                 "flowrl.evaluation.command"),
+    "export": ("A trained policy as diffusers files (LoRA weights, or a merged pipeline).", "flowrl.policies.export"),
+}
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,  # the group sampler already splits batches over ranks
@@ -61,6 +73,16 @@ class FlowRLCLI(LightningCLI):
         if problems := config_problems(config):
             raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
         share_log_versions(config.get("trainer", {}).get("logger"), rank_zero=launched_as_rank_zero())
+
+    def _add_subcommands(self, parser, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        subcommands = parser._subcommands_action
+        for choice in subcommands._choices_actions:  # Lightning's line is the Trainer's ("Run inference on your data")
+            if choice.dest == "predict":
+                choice.help = PREDICT_DESCRIPTION
+        # main() runs these before LightningCLI parses anything: listed here so `python -m flowrl --help` names them
+        for name, (description, _) in OWN_SUBCOMMANDS.items():
+            subcommands.add_subcommand(name, LightningArgumentParser(description=description), help=description)
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads the checkpoint's hyperparameters right after parsing, before any hook of ours: a 0-byte
@@ -124,14 +146,8 @@ class FlowRLCLI(LightningCLI):
 def main(args: Optional[list[str]] = None) -> None:
     from_argv = args is None
     args = sys.argv[1:] if from_argv else args
-    if args[:1] == ["export"]:  # not a LightningCLI subcommand: a trained policy -> diffusers files
-        from flowrl.policies.export import main as export
-
-        return export(args[1:])
-    if args[:1] == ["evaluate"]:  # not a LightningCLI subcommand: base against tuned models on a prompt suite
-        from flowrl.evaluation.command import main as evaluate
-
-        return evaluate(args[1:])
+    if args[:1] and args[0] in OWN_SUBCOMMANDS:  # not LightningCLI's: each parses its own options
+        return importlib.import_module(OWN_SUBCOMMANDS[args[0]][1]).main(args[1:])
     predicting = args[:1] == ["predict"]
     if predicting:  # LightningCLI's predict, reached through short options
         from flowrl.cli.predict import predict_arguments
@@ -147,7 +163,8 @@ def main(args: Optional[list[str]] = None) -> None:
                 # folder's name is the same: not for runs/<name>/latest, a relative path or a moved run) is never read
                 warnings.filterwarnings("ignore", message="The dirpath has changed from")
             FlowRLCLI(BaseModule, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
-                      parser_kwargs={"parser_mode": "omegaconf+", "prog": "python -m flowrl"},
+                      parser_kwargs={"parser_mode": "omegaconf+", "prog": "python -m flowrl",
+                                     "description": DESCRIPTION},
                       save_config_kwargs={"overwrite": True}, args=args)
     except SIGTERMException as stop:  # Lightning stops (and checkpoints, if configured) and exits 0: a scheduler
         raise SystemExit(128 + signal.SIGTERM) from stop  # would read success; the shell's code for SIGTERM instead

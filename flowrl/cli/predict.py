@@ -87,7 +87,7 @@ def predict_arguments(args: list[str]) -> list[str]:
     if bad := [s for s in opts.seeds or [] if not 0 <= s < 2**63]:
         problems.append(f"--seeds {' '.join(map(str, bad))}: a seed must be in [0, 2**63) (a 64-bit generator "
                         "seed), e.g. --seeds 0 1 2 3")
-    if opts.out and (why := unwritable(opts.out)):
+    if opts.out and (why := unwritable(opts.out, keep=False)):  # ImageWriter makes it once the run starts
         problems.append(f"--out {opts.out} cannot be written ({why}); pick a writable folder")
     if problems:
         raise SystemExit("flowrl predict: invalid options:\n  " + "\n  ".join(problems))

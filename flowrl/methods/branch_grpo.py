@@ -43,6 +43,30 @@ def split_steps_of(num_steps: int, split_steps: Optional[list[int]]) -> list[int
     return sorted(split_steps) if split_steps is not None else [i * num_steps // 5 for i in range(4)]
 
 
+def depth_pruning_problem(pruned: list, num_steps: int) -> Optional[str]:
+    """What is wrong with ``depth_pruning`` at ``num_steps`` steps, naming the values the user gave (None: nothing).
+
+    >>> depth_pruning_problem([9], 4)
+    'model.depth_pruning=[9]: 9 is past the last step, 3; list distinct steps in [0, 4) whose edges are not trained'
+    >>> depth_pruning_problem([-1, 2, 2], 4).split("; ")[:2]
+    ['model.depth_pruning=[-1, 2, 2]: -1 is not a step (step numbers, not Python indices: the last step is 3)', \
+'2 is listed twice']
+    """
+    last = num_steps - 1
+    wrong = [f"{k!r} is not a step number" for k in pruned if not isinstance(k, int)]
+    if past := [k for k in pruned if isinstance(k, int) and k > last]:
+        wrong.append(f"{', '.join(map(str, past))} {'is' if len(past) == 1 else 'are'} past the last step, {last}")
+    if negative := [k for k in pruned if isinstance(k, int) and k < 0]:
+        wrong.append(f"{', '.join(map(str, negative))} {'is not a step' if len(negative) == 1 else 'are not steps'} "
+                     f"(step numbers, not Python indices: the last step is {last})")
+    if twice := sorted({k for k in pruned if pruned.count(k) > 1}, key=repr):
+        wrong.append(f"{', '.join(map(str, twice))} {'is' if len(twice) == 1 else 'are'} listed twice")
+    if not wrong:
+        return None
+    return (f"model.depth_pruning={pruned}: {'; '.join(wrong)}; list distinct steps in [0, {num_steps}) whose edges "
+            "are not trained")
+
+
 class BranchGRPO(TreeMethod):
     """BranchGRPO. Options beyond the tree layer's (:class:`~flowrl.methods.tree_method.TreeMethod`):
 
@@ -80,10 +104,8 @@ class BranchGRPO(TreeMethod):
                      f"model.split_steps is unset, and its default at num_steps={o.num_steps} is {splits}")
             example = list(range(min(o.num_steps, 4)))
             problems.append(f"{given}: set distinct steps in [0, {o.num_steps}), e.g. {example}")
-        pruned = list(o.depth_pruning or [])
-        if any(not isinstance(k, int) or not 0 <= k < o.num_steps for k in pruned) or len(set(pruned)) != len(pruned):
-            problems.append(f"model.depth_pruning={pruned}: list distinct steps in [0, {o.num_steps}) whose edges are "
-                            "not trained (step numbers, not Python indices: -1 is not the last step)")
+        if why := depth_pruning_problem(list(o.depth_pruning or []), o.num_steps):
+            problems.append(why)
         problems += at_least(o, 2, ("branches",)) + at_least(o, 0, ("split_noise_scale",), strict=True)
         problems += at_least(o, 1, ("width_pruning_count",)) + at_least(o, 1, ("mix_window",), hint=" (or null)")
         if o.width_pruning not in WIDTH_PRUNING:

@@ -5,7 +5,8 @@ folder and then *moves* it: across filesystems (a run folder on a cluster's shar
 is a copy, so a full disk leaves a truncated ``last.ckpt`` where the previous good one was. Here every save is
 written beside its target (``.<name>.partial``, the same filesystem) and renamed over it with ``os.replace``: a
 save that fails leaves the previous checkpoint as it was. A sharded (FSDP2) checkpoint folder is written the same
-way, whole, before it replaces the old one.
+way, whole, before it replaces the old one; a write that fails on one process fails the save on every process (none
+is left waiting for it), with the same message.
 
 ``last``: a ``last*.ckpt`` saved at the global step of the checkpoint just saved beside it is a symbolic link to it
 (no second copy), and every later complete save re-points such a link before anything older is removed; so whenever
@@ -66,11 +67,23 @@ def replace_with(target: Path, write: Callable[[Path], None]) -> None:
         remove_path(partial)
         if not isinstance(err, Exception):  # Ctrl-C, exit: cleaned up, passed on
             raise
-        why = err.strerror if isinstance(err, OSError) and err.strerror else f"{type(err).__name__}: {err}"
-        # torch's writer reports a full disk as a RuntimeError (an iostream error): every failure reads the same
-        raise OSError(getattr(err, "errno", None), f"saving the checkpoint {target} failed ({why}); the previous "
-                      f"{target.name} is kept as it was, and the partial save was removed") from err
+        raise save_failed(target, err) from err
     commit(partial, target)
+
+
+def save_failed(target: Path, err: Optional[BaseException]) -> OSError:
+    """The error of a save of ``target`` that failed with ``err`` (None: on another process) and was cleaned up.
+
+    >>> str(save_failed(Path("ckpt/last.ckpt"), OSError(28, "No space left on device")))
+    '[Errno 28] saving the checkpoint ckpt/last.ckpt failed (No space left on device); the previous last.ckpt is \
+kept as it was, and the partial save was removed'
+    """
+    if err is None:
+        why = "on another process"
+    else:  # torch's writer reports a full disk as a RuntimeError (an iostream error): every failure reads the same
+        why = err.strerror if isinstance(err, OSError) and err.strerror else f"{type(err).__name__}: {err}"
+    return OSError(getattr(err, "errno", None), f"saving the checkpoint {target} failed ({why}); the previous "
+                   f"{target.name} is kept as it was, and the partial save was removed")
 
 
 def _sync(path: Path) -> None:

@@ -27,7 +27,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
 from flowrl.policies.sharding import shard_policy
-from flowrl.strategies.atomic_checkpoint import commit, link, partial_path, remove_path
+from flowrl.strategies.atomic_checkpoint import commit, link, partial_path, remove_path, save_failed
 from flowrl.strategies.sharded_checkpoint import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint,
                                                   shard_templates, split_sharded)
 
@@ -108,11 +108,19 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.barrier()
         state = {"state_dict": checkpoint.pop("state_dict"), **({SHARDED_KEY: sharded} if sharded else {}),
                  **{f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))}}
-        save(state, checkpoint_id=partial)
         checkpoint["callbacks"] = callbacks
-        if self.global_rank == 0:
-            torch.save(checkpoint, partial / META)
-        self.barrier()  # every rank's shards are written
+        failed: Optional[Exception] = None
+        try:
+            save(state, checkpoint_id=partial)
+            if self.global_rank == 0:
+                torch.save(checkpoint, partial / META)
+        except Exception as err:  # a full disk on any rank: every rank raises, after the partial folder is removed
+            failed = err
+        if self.reduce_boolean_decision(failed is not None, all=False):  # also every rank's shards are written
+            if self.global_rank == 0:
+                remove_path(partial)
+            self.barrier()
+            raise save_failed(path, failed) from failed
         if self.global_rank == 0:
             commit(partial, path)
             if files is not None:

@@ -3,6 +3,8 @@ given to ``predict`` or ``export``, a run's folder given for its checkpoint (tak
 another method resumed, predicted or exported (both methods and what is missing named, not torch's key list), and
 ``predict``'s own bad options (``--seeds`` out of range, an ``--out`` that cannot be written)."""
 
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,53 @@ def test_predict_options_out_of_range_or_unwritable_fail_before_loading(tmp_path
                 f"--model.init_args.policy.init_args.model={MISSING}")
     assert "--seeds 99999999999999999999: a seed must be in [0, 2**63)" in out
     assert f"--out {blocker}/images cannot be written (NotADirectoryError" in out
+
+
+def test_a_rejected_predict_leaves_no_out_folder_behind(tmp_path):
+    # rejected by predict's own options (the seed), then by LightningCLI's parser (a misspelled key): --out is checked
+    # for writing both times, and neither leaves the folder (or its missing parents) made
+    for bad in (["--seeds", "99999999999999999999"], ["--model.init_args.clip_rnage=0.1"]):
+        out = tmp_path / "new" / "images"
+        fails("predict", "--config", str(ROOT / "configs/quickstart.yaml"), "--prompts", "a", "--out", str(out), *bad)
+        assert list(tmp_path.iterdir()) == [], bad
+
+
+def can_write(folder: Path) -> bool:
+    try:
+        (folder / "probe").write_text("")
+    except OSError:
+        return False
+    (folder / "probe").unlink()
+    return True
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder that takes no new file: mode 555 for a user who is not root, else (root writes there anyway) a
+    read-only tmpfs mounted on it; skipped where neither holds."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    mounted = can_write(folder) and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(folder)],
+                                                   capture_output=True).returncode == 0
+    try:
+        if can_write(folder):
+            pytest.skip("root here, and a read-only tmpfs cannot be mounted (no CAP_SYS_ADMIN)")
+        yield folder
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("below", ["", "images"])
+def test_predict_out_in_a_read_only_folder_fails_before_loading(read_only_folder, below):
+    out = read_only_folder / below
+    message = fails("predict", "--config", str(ROOT / "configs/quickstart.yaml"), "--prompts", "a", "--out", str(out),
+                    f"--model.init_args.policy.init_args.model={MISSING}")
+    # a read-only folder: PermissionError (mode 555) or "Read-only file system" (the mount)
+    assert re.search(rf"--out {out} cannot be written \((PermissionError|OSError: \[Errno 30\])", message), message
+    assert list(read_only_folder.iterdir()) == []
 
 
 def test_a_checkpoint_of_another_method_is_named_before_loading(flow_grpo_run, tmp_path):

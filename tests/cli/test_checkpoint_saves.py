@@ -1,6 +1,6 @@
 """No save leaves a broken checkpoint: a save that fails (a full disk, an interrupted write) keeps the previous one
-whole, and ``last`` always names the newest complete checkpoint, also after ``kill -9`` of an FSDP2 rank 0 between
-the periodic save and the ``last`` save."""
+whole (a file, or an FSDP2 folder whose save failed on one rank), and ``last`` always names the newest complete
+checkpoint, also after ``kill -9`` of an FSDP2 rank 0 between the periodic save and the ``last`` save."""
 
 import errno
 import os
@@ -15,8 +15,10 @@ import torch
 from lightning.pytorch import Callback
 
 import flowrl.strategies.atomic_checkpoint as atomic
+from flowrl.checkpoint_paths import checkpoint_problems
 from flowrl.cli import main
 from flowrl.strategies.atomic_checkpoint import AtomicCheckpointIO
+from flowrl.strategies.sharded_checkpoint import load_consolidated
 from tests.cli.test_fit import fit_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +55,84 @@ def test_last_is_a_link_that_follows_every_complete_save(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
     io.remove_checkpoint(tmp_path / "last.ckpt")  # a link: only the link goes
     assert step(2).is_file()
+
+
+class FullDiskFrom(Callback):
+    """Makes every checkpoint write to a path beside its target (the atomic writer's ``.partial`` file, or a sharded
+    folder's ``meta.pt`` in it) fail as a full disk does from the ``n``-th on: the file is begun, then ENOSPC. The
+    checkpoints' states as saved are kept in ``states`` (class-wide: the CLI makes the instance)."""
+
+    states: list = []
+
+    def __init__(self, n: int = 2):
+        self.n, self.writes = n, 0
+
+    def setup(self, trainer, pl_module, stage):
+        self.real_save = real = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            if isinstance(f, (str, os.PathLike)) and ".partial" in str(f):  # not a stream (dcp's shards), not a dump
+                self.writes += 1
+                if self.writes >= self.n:
+                    Path(f).write_bytes(b"PK\x03\x04 the first bytes of a zip")
+                    raise OSError(errno.ENOSPC, "No space left on device")
+            return real(obj, f, *args, **kwargs)
+
+        torch.save = save
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        FullDiskFrom.states.append({k: v.detach().clone() for k, v in checkpoint["state_dict"].items()})
+
+    def on_exception(self, *_):
+        self.teardown()
+
+    def teardown(self, *_):
+        torch.save = getattr(self, "real_save", torch.save)
+
+
+def test_a_save_that_fails_in_a_fit_keeps_the_previous_last_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
+    # no root needed: the write error is injected where the atomic writer calls torch.save (the tmpfs test below is
+    # the real full disk); step 1's last.ckpt is written, step 2's fails half-way
+    monkeypatch.setattr(torch, "save", torch.save)  # put back whatever happens
+    FullDiskFrom.states = []
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(OSError, match=rf"saving the checkpoint {ckpt}/last.ckpt failed \(No space left on device\); "
+                                      "the previous last.ckpt is kept as it was"):
+        main(fit_args(tiny_model_dir, tmp_path, "--trainer.max_steps=3", *LAST_ONLY, f"--trainer.callbacks.dirpath="
+                      f"{ckpt}", "--trainer.callbacks+=tests.cli.test_checkpoint_saves.FullDiskFrom"))
+    assert [p.name for p in ckpt.iterdir()] == ["last.ckpt"]  # no partial save left
+    assert checkpoint_problems(str(ckpt / "last.ckpt")) == []  # a complete checkpoint, as resume checks it
+    kept = torch.load(ckpt / "last.ckpt", weights_only=False)
+    first, failed = FullDiskFrom.states  # what step 1's save and step 2's held
+    assert kept["global_step"] == 1 and kept["state_dict"].keys() == first.keys()
+    assert all(torch.equal(kept["state_dict"][k], first[k]) for k in first)  # step 1's, tensor for tensor
+    assert any(not torch.equal(failed[k], first[k]) for k in first)  # and step 2 had changed them: not its save
+
+
+@pytest.mark.slow  # a 2-process FSDP2 run
+def test_a_save_that_fails_on_one_fsdp2_rank_keeps_the_previous_sharded_checkpoint(tiny_model_dir, tmp_path):
+    # rank 0's meta.pt of step 2 fails half-way, after both ranks wrote their shards: both ranks raise (none waits
+    # for the other), and the step-1 folder is whole
+    ckpt = tmp_path / "ckpt"
+    args = fit_args(tiny_model_dir, tmp_path, "--trainer.max_steps=3", "--trainer.devices=2",
+                    "--trainer.strategy=fsdp2", *LAST_ONLY, f"--trainer.callbacks.dirpath={ckpt}",
+                    "--trainer.callbacks+=tests.cli.test_checkpoint_saves.FullDiskFrom")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # a rank left behind, were the failure not shared
+        except ProcessLookupError:
+            pass
+    assert proc.returncode != 0
+    assert (f"saving the checkpoint {ckpt}/last.ckpt failed (No space left on device); the previous last.ckpt is kept "
+            "as it was") in output, output[-3000:]
+    assert [p.name for p in ckpt.iterdir()] == ["last.ckpt"]  # no partial folder left
+    last = ckpt / "last.ckpt"
+    assert len(list(last.glob("*.distcp"))) == 2 and load_consolidated(last)["global_step"] == 1  # whole, step 1's
 
 
 def can_mount() -> bool:

@@ -2,8 +2,11 @@
 training NaN or meaningless, a batch that cannot be split as asked, a model or checkpoint that cannot load."""
 
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -108,18 +111,32 @@ def test_a_second_node_that_never_comes_is_announced_once(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "flowrl", "fit", "--config", CONFIG, "--trainer.num_nodes=2",
                              "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path}"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines = []
+    # read on a thread, each wait bounded: were the notice missing, the run would wait 30 minutes in silence
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True).start()
+    seen = []
+
+    def read_until(deadline: float, stop_at_notice: bool) -> None:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                return
+            if line is None:  # the process ended
+                return
+            seen.append(line)
+            if stop_at_notice and line.startswith("flowrl: rank 0 waits"):
+                return
+
     try:
-        for line in proc.stdout:  # it waits for the other node after this line: read up to it, then stop the run
-            lines.append(line)
-            if line.startswith("flowrl: rank 0 waits"):
-                break
+        read_until(time.monotonic() + 240, stop_at_notice=True)  # start-up, even on a loaded machine: well under this
+        read_until(time.monotonic() + 5, stop_at_notice=False)  # waiting now: no second notice
+        assert proc.poll() is None, "".join(seen)[-3000:]  # still waiting for the other node, not failed
     finally:
         os.killpg(proc.pid, 9)
-        lines += proc.stdout.readlines()
         proc.wait()
-    notices = [line for line in lines if line.startswith("flowrl: rank 0 waits")]
+    notices = [line for line in seen if line.startswith("flowrl: rank 0 waits")]
     port = env["MASTER_PORT"]
-    assert len(notices) == 1, "".join(lines)[-3000:]
+    assert len(notices) == 1, "".join(seen)[-3000:]
     assert f"for 2 nodes x 1 process (world size 2) to join at 127.0.0.1:{port}" in notices[0]
     assert "NODE_RANK=1 " in notices[0] and "gives up after 0:30:00" in notices[0]

@@ -4,6 +4,7 @@ plotting script joins to the one it resumed from, and shows a progress bar in op
 
 import csv
 import importlib.util
+import re
 import threading
 from pathlib import Path
 
@@ -119,3 +120,17 @@ def test_help_names_the_command_a_user_types(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     assert capsys.readouterr().out.startswith("usage: python -m flowrl [options] fit")
+
+
+def test_top_level_help_lists_every_subcommand_and_each_one_runs(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = capsys.readouterr().out
+    listed = re.search(r"\{([a-z,]+)\}", usage).group(1).split(",")
+    # evaluate and export were once left out
+    assert listed == ["fit", "validate", "test", "predict", "evaluate", "export"], usage
+    for name in listed:  # each one listed is one a user can run: its own --help names it
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        assert done.value.code in (0, None) and re.match(rf"usage: python -m flowrl (\[options\] )?{name} ",
+                                                         capsys.readouterr().out), name

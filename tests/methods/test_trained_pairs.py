@@ -52,8 +52,13 @@ def test_every_method_trains_some_pair_at_its_defaults(cls):
 
 @pytest.mark.parametrize("cls, options, expected", [
     (BranchGRPO, {"num_steps": 4, "split_steps": [0, 2], "mix_window": 0}, ["model.mix_window=0 must be >= 1"]),
-    (BranchGRPO, {"num_steps": 4, "split_steps": [0, 2], "depth_pruning": [9]}, ["model.depth_pruning=[9]: list"]),
-    (BranchGRPO, {"num_steps": 4, "split_steps": [0, 2], "depth_pruning": [-1]}, ["model.depth_pruning=[-1]: list"]),
+    # the values the user gave are named, each with what is wrong with it (4 steps: the last is 3)
+    (BranchGRPO, {"num_steps": 4, "split_steps": [0, 2], "depth_pruning": [9]},
+     ["model.depth_pruning=[9]: 9 is past the last step, 3; list distinct steps in [0, 4)"]),
+    (BranchGRPO, {"num_steps": 4, "split_steps": [0, 2], "depth_pruning": [-1]},
+     ["model.depth_pruning=[-1]: -1 is not a step (step numbers, not Python indices: the last step is 3); list"]),
+    (BranchGRPO, {"num_steps": 4, "split_steps": [0, 2], "depth_pruning": [1, 1]},
+     ["model.depth_pruning=[1, 1]: 1 is listed twice; list"]),
     (BranchGRPO, {"num_steps": 4}, ["model.split_steps is unset, and its default at num_steps=4 is [0, 0, 1, 2]"]),
     (TempFlowGRPO, {"num_steps": 4, "branch_steps": [0, 0]}, ["model.branch_steps=[0, 0]: choose distinct steps"]),
     (TempFlowGRPO, {"num_steps": 4, "timestep_fraction": 1.0}, ["model.timestep_fraction=1.0 branches on the last"]),
@@ -65,6 +70,8 @@ def test_tree_and_few_step_option_errors_name_the_broken_rule_only(cls, options,
     found = problems(cls, **options)
     assert len(found) == len(expected) and all(f.startswith(e) for f, e in zip(found, expected)), found
     assert not any("model.branch_steps=" in f for f in found if "branch_steps" not in options)  # never unset ones
+    if -1 not in options.get("depth_pruning", [-1]):
+        assert not any("-1" in f for f in found), found  # [9] once said "-1 is not the last step"
 
 
 def test_the_rule_stops_the_cli_before_any_weight_loads():
@@ -77,9 +84,10 @@ def test_the_rule_stops_the_cli_before_any_weight_loads():
 @pytest.mark.parametrize("config, options, message", [
     # each once failed late or not at all: [9] as a bare IndexError after the first validation, [-1] read as a Python
     # index, [0, 0] accepted, trunc_steps capped in silence, every rule of Dynamic-TreeRPO printed for one broken one
-    ("tiny_branch_grpo", ["--model.init_args.depth_pruning=[10]"], "model.depth_pruning=[10]: list distinct steps in "
-     "[0, 10)"),  # one past the config's last step, as [9] was on a shorter run
-    ("tiny_branch_grpo", ["--model.init_args.depth_pruning=[-1]"], "-1 is not the last step"),
+    ("tiny_branch_grpo", ["--model.init_args.depth_pruning=[10]"], "model.depth_pruning=[10]: 10 is past the last "
+     "step, 9; list distinct steps in [0, 10)"),  # one past the config's last step, as [9] was on a shorter run
+    ("tiny_branch_grpo", ["--model.init_args.depth_pruning=[-1]"], "model.depth_pruning=[-1]: -1 is not a step (step "
+     "numbers, not Python indices: the last step is 9)"),
     ("tiny_branch_grpo", ["--model.init_args.mix_window=0"], "model.mix_window=0 must be >= 1"),
     ("tiny_tempflow_grpo", ["--model.init_args.branch_steps=[0,0]"], "model.branch_steps=[0, 0]: choose distinct"),
     ("tiny_tdm_r1", ["--model.init_args.trunc_steps=10"], "model.trunc_steps=10 exceeds the generator's num_steps=4"),
