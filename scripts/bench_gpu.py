@@ -1,7 +1,7 @@
 """bf16 training steps of each pipeline adapter on one GPU: step time and peak memory, through ``flowrl fit``.
 
-    python scripts/bench_gpu.py [--models sd3 flux sd15 sd35m sd35m_ckpt qwen_image flux2_klein4b wan21 wan21_ckpt]
-        [--steps 4] [--json results.json] [--tiny] [--workdir DIR]
+    python scripts/bench_gpu.py [--models sd3 flux sd15 sd35m sd35m_ckpt sd35m_both qwen_image flux2_klein4b wan21
+        wan21_ckpt] [--steps 4] [--json results.json] [--tiny] [--workdir DIR]
 
 Each model is built from a config with random weights (the tests' tiny SD3, FLUX.1 and SD1.5 pipelines; ``sd35m``:
 SD3.5-Medium's transformer at full width and depth, 2.2B parameters, with tiny CLIP encoders, no T5 and a small VAE;
@@ -41,6 +41,8 @@ sys.path.insert(0, str(ROOT))  # the tests' pipeline builders
 from flowrl.cli import main as flowrl  # noqa: E402
 
 RESULTS: dict[str, dict] = {}
+#: the SD entries (``sd35m_both``: SD3.5-M with cfg_gradient both, beside ``sd35m``'s Flow-GRPO default cond)
+SD_MODELS = ("sd3", "flux", "sd15", "sd35m", "sd35m_ckpt", "sd35m_both")
 
 
 def sync() -> None:
@@ -133,10 +135,12 @@ def build(name: str, root: Path, sd35m_layers: int = 24, tiny: bool = False) -> 
                 "--model.init_args.micro_batch_size=4", "--data.num_groups=1", "--data.group_size=8"]
         if name.endswith("_ckpt"):
             args.append("--model.init_args.policy.init_args.gradient_checkpointing=true")
+        if name.endswith("_both"):  # Flow-GRPO's default differentiates only the conditional half (cfg_gradient cond)
+            args.append("--model.init_args.cfg_gradient=both")
         return str(path), args
     if name in FAMILIES:
         return build_family(name, root, tiny)
-    raise ValueError(f"unknown model {name!r}: choose from sd3, flux, sd15, sd35m, sd35m_ckpt, {', '.join(FAMILIES)}")
+    raise ValueError(f"unknown model {name!r}: choose from {', '.join((*SD_MODELS, *FAMILIES))}")
 
 
 @dataclass(frozen=True)
@@ -259,8 +263,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         raise SystemExit("bench_gpu.py needs a CUDA GPU (or --accelerator cpu for a smoke run)")
-    if unknown := [m for m in args.models if m not in ("sd3", "flux", "sd15", "sd35m", "sd35m_ckpt", *FAMILIES)]:
-        raise SystemExit(f"--models {unknown}: choose from sd3 flux sd15 sd35m sd35m_ckpt {' '.join(FAMILIES)}")
+    if unknown := [m for m in args.models if m not in (*SD_MODELS, *FAMILIES)]:
+        raise SystemExit(f"--models {unknown}: choose from {' '.join((*SD_MODELS, *FAMILIES))}")
 
     from scripts import bench_gpu  # the callback runs as scripts.bench_gpu, not as __main__
 
@@ -268,10 +272,12 @@ def main() -> None:
         root = Path(tmp)
         for i, name in enumerate(args.models):
             path, overrides = build(name, root, args.sd35m_layers, args.tiny)
-            fit(name, path, overrides, root, args)
+            try:
+                fit(name, path, overrides, root, args)
+            finally:  # a run stopped by SIGTERM (a time limit) still reports the steps it measured
+                report(bench_gpu.RESULTS, args)
             if folder(name, args.tiny) not in {folder(n, args.tiny) for n in args.models[i + 1:]}:
                 shutil.rmtree(path, ignore_errors=True)  # the disk holds one full-size pipeline at a time
-            report(bench_gpu.RESULTS, args)
 
 
 if __name__ == "__main__":
