@@ -71,7 +71,7 @@ def test_what_a_family_needs_is_checked_before_loading(method, family, change, s
     assert len(problems) == 1 and says in problems[0], problems
 
 
-def run(method, family, request, tmp_path):
+def check_fits_a_batch(method, family, request, tmp_path):
     path = tmp_path / "fit.yaml"
     path.write_text(yaml.safe_dump(config(method, family, model_dir(request, family), tmp_path)))
     main(["fit", "--config", str(path)])
@@ -84,11 +84,11 @@ def run(method, family, request, tmp_path):
 
 @pytest.mark.parametrize("method,family", COVERING, ids=[f"{m}-{f}" for m, f in COVERING])
 def test_a_covering_of_the_matrix_fits_a_batch(method, family, request, tmp_path):
-    run(method, family, request, tmp_path)
+    check_fits_a_batch(method, family, request, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method,family", [p for p in PAIRS if p not in REFUSED],
                          ids=[f"{m}-{f}" for m, f in PAIRS if (m, f) not in REFUSED])
 def test_every_method_fits_a_batch_on_every_family(method, family, request, tmp_path):
-    run(method, family, request, tmp_path)
+    check_fits_a_batch(method, family, request, tmp_path)
