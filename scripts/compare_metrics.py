@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 from pathlib import Path
 
@@ -29,8 +30,23 @@ def read(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def differences(a: list[dict[str, str]], b: list[dict[str, str]], skip=TIMINGS) -> list[str]:
-    """Every (row, column) where ``a`` and ``b`` disagree, over their common rows and columns.
+def same(x: str, y: str, rtol: float = 0.0) -> bool:
+    """Two logged values agree: as written (bit for bit) where ``rtol`` is 0, else as numbers within ``rtol``
+    (relative, and absolute near 0).
+
+    >>> same("0.46737655252218246", "0.4673765227198601"), same("0.46737655252218246", "0.4673765227198601", 1e-6)
+    (False, True)
+    """
+    if x == y or not rtol:
+        return x == y
+    try:
+        return math.isclose(float(x), float(y), rel_tol=rtol, abs_tol=rtol)
+    except ValueError:  # an empty cell against a number
+        return False
+
+
+def differences(a: list[dict[str, str]], b: list[dict[str, str]], skip=TIMINGS, rtol: float = 0.0) -> list[str]:
+    """Every (row, column) where ``a`` and ``b`` disagree (``same``), over their common rows and columns.
 
     >>> differences([{"step": "0", "x": "1.5"}], [{"step": "0", "x": "1.5", "new": "2"}])
     []
@@ -39,7 +55,7 @@ def differences(a: list[dict[str, str]], b: list[dict[str, str]], skip=TIMINGS) 
     """
     columns = [c for c in a[0] if c in b[0] and c not in skip] if a and b else []
     out = [f"row {i} {c}: {ra[c]} != {rb[c]}" for i, (ra, rb) in enumerate(zip(a, b)) for c in columns
-           if ra[c] != rb[c]]
+           if not same(ra[c], rb[c], rtol)]
     if len(a) != len(b):
         out.append(f"row count: {len(a)} != {len(b)}")
     return out

@@ -5,7 +5,8 @@ moves a method's numbers fails here unless the reference is re-recorded with the
 Each fit runs in its own process at OMP_NUM_THREADS=1: the thread count, the CPU's vector instructions and library
 versions change float reductions, so the references hold for one thread on the machine and libraries the README
 names. The full recordings take minutes and are slow tests; the default suite reruns TDM-R1's first batch (the
-validation before training and batch 0: its rollout, rewards, the three adapters' losses and gradient norms)."""
+validation before training and batch 0: its rollout, rewards, the three adapters' losses and gradient norms) and holds
+it to the reference within 1e-5, which a change of machine keeps and a change of code does not."""
 
 import importlib.util
 import os
@@ -38,10 +39,10 @@ def fit_metrics(config: str, options: list[str], root: Path) -> list[dict[str, s
     return compare.read(metrics)
 
 
-def assert_matches(reference: str, run: list[dict[str, str]], rows: int | None = None) -> None:
+def assert_matches(reference: str, run: list[dict[str, str]], rows: int | None = None, rtol: float = 0.0) -> None:
     expected = compare.read(REFERENCES / reference)[:rows]
     run = run[:rows]
-    found = compare.differences(expected, run)
+    found = compare.differences(expected, run, rtol=rtol)
     assert len(expected) > 1 and not found, (
         f"{reference} differs: {found[:5]} (if no commit changed the numbers, the machine or a library did: rerun the "
         "reference's own commit here to tell; docs/data/regression/README.md)")
@@ -51,8 +52,10 @@ def assert_matches(reference: str, run: list[dict[str, str]], rows: int | None =
 
 
 def test_tdm_r1_first_batch_matches_its_reference(tmp_path):
+    # within 1e-5 here, bit for bit under -m slow: the default suite runs wherever CI runs, and another CPU's vector
+    # kernels move the 7th digit (README), while a change of code moves far more than that
     run = fit_metrics("tiny_tdm_r1", ["--trainer.max_steps=1", "--trainer.limit_val_batches=1"], tmp_path)
-    assert_matches(TDM_R1[0], run, rows=2)  # the validation before training and batch 0
+    assert_matches(TDM_R1[0], run, rows=2, rtol=1e-5)  # the validation before training and batch 0
 
 
 @pytest.mark.slow
