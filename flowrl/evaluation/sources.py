@@ -86,19 +86,14 @@ def policy_spec(config: dict) -> dict:
 def base_model(config: dict) -> tuple[str, str]:
     """What makes two runs share a base model: the policy's class and the weights it loads (``init_args.model``,
     resolved as the policy resolves it; the class's default where the config names none)."""
-    import inspect
-
+    from flowrl.config_nodes import as_dict, class_at, with_defaults
     from flowrl.model_paths import resolve_model
-    from flowrl.rewards.function import import_callable
 
     spec = policy_spec(config)
     class_path = spec.get("class_path", "")
-    model = (spec.get("init_args") or {}).get("model")
-    if model is None and class_path:
-        try:
-            model = inspect.signature(import_callable(class_path)).parameters["model"].default
-        except (ImportError, ValueError, KeyError):
-            model = None
+    cls = class_at(class_path)
+    model = (with_defaults(cls, spec.get("init_args")) if isinstance(cls, type) else as_dict(spec.get("init_args"))
+             ).get("model")
     try:
         model = resolve_model(model) if isinstance(model, str) else model
     except FileNotFoundError:
