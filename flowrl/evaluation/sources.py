@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from flowrl.checkpoint_paths import run_config
+
 #: the name the model without trained weights always has
 BASE = "base"
 WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
@@ -99,14 +101,6 @@ def base_model(config: dict) -> tuple[str, str]:
     except FileNotFoundError:
         pass  # reported with the config's own problems when it loads
     return class_path.rpartition(".")[2], str(Path(model).resolve()) if model and Path(model).exists() else str(model)
-
-
-def run_config(ckpt: Path) -> Optional[Path]:
-    """The ``config.yaml`` LightningCLI saved for the run of ``ckpt`` (its folder or the one above), if any."""
-    for folder in (ckpt.parent, ckpt.parent.parent):
-        if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
-    return None
 
 
 def _kind(name: str, value: str, path: Path) -> tuple[Optional[str], list[str]]:

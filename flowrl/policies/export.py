@@ -99,17 +99,23 @@ def find_run_config(ckpt: Path) -> Path:
                             "--config (the file given to `fit --config`, with the same policy settings)")
 
 
-def policy_from_config(config: Path) -> FlowPolicy:
-    """Instantiates ``model.init_args.policy`` of a fit config (the frozen weights load from its model path)."""
+def policy_from_spec(spec: dict) -> FlowPolicy:
+    """Instantiates a policy spec ``{class_path, init_args}`` as the CLI parses it (the frozen weights load from its
+    model path)."""
     from jsonargparse import ArgumentParser
 
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(FlowPolicy, "policy")
+    return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy
+
+
+def policy_from_config(config: Path) -> FlowPolicy:
+    """Instantiates ``model.init_args.policy`` of a fit config (the frozen weights load from its model path)."""
     spec = (yaml.safe_load(config.read_text()) or {}).get("model", {}).get("init_args", {}).get("policy")
     if spec is None:
         raise ValueError(f"{config} has no model.init_args.policy; pass the config of the run that wrote the "
                          "checkpoint")
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(FlowPolicy, "policy")
-    return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy
+    return policy_from_spec(spec)
 
 
 def ema_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
