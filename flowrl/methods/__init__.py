@@ -1,6 +1,6 @@
 """Methods: one LightningModule per algorithm, each a few hooks on one loop.
 
-The layers, from the bottom, each the parent of the next (only ``BaseModule``'s subclasses are methods)::
+The layers, from the bottom, each the parent of the next (only ``BaseModule``'s subclasses are methods):
 
     LightningModule -> Generation -> Distributed -> StepMetrics -> Trajectories -> BaseModule
     BaseModule -> PolicyGradient -> FlowGRPO (DDPO: FlowGRPO with the ddim step) -> DenseGRPO
