@@ -11,13 +11,13 @@ records no method, a model that differs in more than its adapters).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from flowrl.config_nodes import class_at, plain
 from flowrl.policies.base import LoraOptions, adapter_of
 from flowrl.strategies.sharded_checkpoint import META, is_sharded_checkpoint
 
@@ -61,34 +61,22 @@ def adapter_ranks(shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
     return ranks
 
 
-def _plain(value: Any) -> Any:
-    return value.as_dict() if hasattr(value, "as_dict") else value  # a parsed jsonargparse Namespace
-
-
-def _class(path: str) -> Optional[type]:
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name, None) if module else None
-    except ImportError:
-        return None
-
-
 def expected_rank(policy: Any) -> Optional[int]:
     """The LoRA rank a parsed policy config ``{class_path, init_args}`` trains (None: full fine-tuning, or unknown).
 
     >>> expected_rank({"class_path": "flowrl.policies.TinyFlowPolicy", "init_args": {"lora": {"rank": 4}}})
     4
     """
-    policy = _plain(policy) if policy is not None else {}
+    policy = plain(policy) if policy is not None else {}
     if not isinstance(policy, dict):
         return getattr(getattr(policy, "lora", None), "rank", None)
-    init_args = _plain(policy.get("init_args")) or {}
+    init_args = plain(policy.get("init_args")) or {}
     if "lora" in init_args:
-        lora = _plain(init_args["lora"])
+        lora = plain(init_args["lora"])
         if lora is None or lora == "None":
             return None
         return int((lora if isinstance(lora, dict) else vars(lora)).get("rank", LoraOptions().rank))
-    cls = _class(str(policy.get("class_path", "")))
+    cls = class_at(policy.get("class_path"))
     lora = inspect.signature(cls).parameters.get("lora") if cls is not None else None
     return getattr(lora.default, "rank", None) if lora is not None else None
 

@@ -162,15 +162,14 @@ def config_record_problems(config: Any) -> list[str]:
     """:func:`prompt_record_problems` for a parsed (not instantiated) ``fit`` / ``predict`` config: the policy class
     named at ``model.init_args.policy.class_path`` is imported (no weights load) for its ``conditioning_images``.
     A config without a policy or data section has nothing to check here."""
-    import importlib
+    from flowrl.config_nodes import as_dict, class_at
 
-    plain = lambda node: node.as_dict() if hasattr(node, "as_dict") else dict(node or {})  # noqa: E731
-    policy = plain(plain(plain(config.get("model")).get("init_args")).get("policy"))
+    policy = as_dict(as_dict(as_dict(config.get("model")).get("init_args")).get("policy"))
     if not policy.get("class_path"):
         return []
-    module, _, name = policy["class_path"].rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    return prompt_record_problems(plain(config.get("data")), getattr(cls, "conditioning_images", 0), name)
+    cls = class_at(policy["class_path"])  # the parser has imported it already
+    return prompt_record_problems(as_dict(config.get("data")), getattr(cls, "conditioning_images", 0),
+                                  policy["class_path"].rpartition(".")[2])
 
 
 def source_images(source: Any, key: str, trainer: Any = None) -> Optional["RecordImages"]:

@@ -6,27 +6,18 @@ problem names the key and the fix; all are raised together.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any, Optional
 
-from flowrl.checkpoint_paths import checkpoint_problems
-from flowrl.data import GroupLayout, load_prompts
-from flowrl.methods.base import BaseModule
 from flowrl.checkpoint_fit import checkpoint_fit_problems
+from flowrl.checkpoint_paths import checkpoint_problems
+from flowrl.config_nodes import as_dict, class_at, with_defaults
+from flowrl.data import GroupLayout, PromptDataModule, load_prompts
+from flowrl.methods.base import BaseModule
 from flowrl.methods.option_surface import bound_options, option_problems
 from flowrl.model_paths import model_problems
 from flowrl.prompt_records import config_record_problems
 from flowrl.strategies.checks import strategy_problems
-
-
-def _class(path: str):
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
-def _as_dict(node: Any) -> dict:
-    return node.as_dict() if hasattr(node, "as_dict") else dict(node or {})
 
 
 def config_problems(config: Any) -> list[str]:
@@ -37,30 +28,30 @@ def config_problems(config: Any) -> list[str]:
     callbacks = config.get("trainer", {}).get("callbacks") or []
     rewards = [c for c in callbacks if isinstance(c, dict) or hasattr(c, "class_path")]
     reward_paths = []
-    for node in map(_as_dict, rewards):
-        cls = _class(node["class_path"])
-        if issubclass(cls, RewardCallback):
+    for node in map(as_dict, rewards):
+        cls = class_at(node.get("class_path"))
+        if isinstance(cls, type) and issubclass(cls, RewardCallback):
             reward_paths.append(node["class_path"])
-            problems += cls.config_problems(_as_dict(node.get("init_args")))
+            problems += cls.config_problems(as_dict(node.get("init_args")))
     if not reward_paths:
         problems.append("trainer.callbacks has no reward callback; add one, e.g. "
                         "`- class_path: flowrl.rewards.DigitAlignment`")
-    model = _as_dict(config.get("model"))
-    method = _class(model["class_path"]) if model.get("class_path") else BaseModule
-    init_args = _as_dict(model.get("init_args"))
+    model = as_dict(config.get("model"))
+    method = class_at(model.get("class_path")) or BaseModule  # the parser has imported it already
+    init_args = as_dict(model.get("init_args"))
     method_problems = option_problems(method, **init_args)  # every class's check_options, on the bound values
     problems += method_problems
-    policy = _as_dict(init_args.get("policy"))
-    if isinstance(_as_dict(policy.get("init_args")).get("model"), str):
+    policy = as_dict(init_args.get("policy"))
+    if isinstance(as_dict(policy.get("init_args")).get("model"), str):
         problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
-    trainer = _as_dict(config.get("trainer"))
+    trainer = as_dict(config.get("trainer"))
     world = world_size(trainer)
-    data = _as_dict(config.get("data"))
+    data = with_defaults(PromptDataModule, config.get("data"))  # every data option, the declared default where unset
     # samples one rollout scores (a tree's leaves), once the options it is computed from are sound
     options = bound_options(method, (), init_args)[0]  # every option's value, the declared default where unset
     samples = 1 if method_problems else method.rollout_cost(options)[0]
-    layout = GroupLayout(1, data.get("num_groups", 4), data.get("group_size", 8), world or 1,
-                         data.get("spread_groups", True), samples_per_rollout=samples)
+    layout = GroupLayout(1, data["num_groups"], data["group_size"], world or 1, data["spread_groups"],
+                         samples_per_rollout=samples)
     problems += layout.problems(getattr(method, "min_group_size", 2), method.__name__)
     if not method_problems:
         problems += schedule_problems(vars(options), trainer, layout.local_batch_size)
@@ -129,13 +120,13 @@ def schedule_problems(options: dict, trainer: dict, local_batch_size: int) -> li
 def predict_problems(config: Any) -> list[str]:
     """Problems of a parsed ``predict`` config found before any weight loads: a checkpoint that does not fit the
     config's method and policy, prompts that cannot be read."""
-    model = _as_dict(config.get("model"))
+    model = as_dict(config.get("model"))
     if (ckpt := config.get("ckpt_path")) and model.get("class_path") and not checkpoint_problems(str(ckpt)):
-        fit = checkpoint_fit_problems(str(ckpt), _class(model["class_path"]),
-                                      _as_dict(model.get("init_args")).get("policy"), "predict")
+        fit = checkpoint_fit_problems(str(ckpt), class_at(model["class_path"]),
+                                      as_dict(model.get("init_args")).get("policy"), "predict")
         if fit:
             return fit
-    data = _as_dict(config.get("data"))
+    data = as_dict(config.get("data"))
     source = data.get("predict_prompts") if data.get("predict_prompts") is not None else data.get("val_prompts")
     if source is None:
         return ["predict needs prompts: --prompts \"a prompt\" ..., --prompt_file FILE, or data.val_prompts in the "

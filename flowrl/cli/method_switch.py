@@ -10,13 +10,12 @@ does not declare are named in one error with the fix, for a switched method and 
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 
-from flowrl.methods.option_surface import declared_options
+from flowrl.config_nodes import class_at, declared_options
 
 
 def _flag(arg: str, args: list[str], i: int) -> tuple[Optional[str], Optional[str], int]:
@@ -38,14 +37,6 @@ def _model_of(source: str) -> dict:
         return {}
     model = data.get("model") if isinstance(data, dict) else None
     return model if isinstance(model, dict) else {}
-
-
-def _class(path: str) -> Optional[type]:
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name, None) if module else None
-    except ImportError:
-        return None
 
 
 def method_switch(args: list[str]) -> list[str]:
@@ -88,7 +79,7 @@ def unknown_option_problems(model: dict, switched: bool = False) -> list[str]:
     >>> problems[0][:82]
     'model.class_path=flowrl.methods.TreeRPO has no option timestep_fraction, which the'
     """
-    cls = _class(str(model.get("class_path", "")))
+    cls = class_at(model.get("class_path"))
     if cls is None or not hasattr(cls, "check_options"):
         return []  # not a flowrl method (or not importable): the parser names it
     lacking = sorted(set(model.get("init_args") or {}) - set(declared_options(cls)))

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import flowrl.cli.warning_filters  # noqa: F401  first: its filters must be in place before diffusers is imported
+from flowrl.config_nodes import as_dict, class_at, with_defaults
+from flowrl.data import PromptDataModule
 from flowrl.evaluation.features import feature_problems, feature_reward
 from flowrl.evaluation.metrics import Metrics, gather_metrics
 from flowrl.evaluation.report import Settings
@@ -129,8 +131,7 @@ def plan(opts: argparse.Namespace) -> tuple[Optional[Plan], list[str]]:
     problems += base_problems(base, base_path, sources)
     base_lora, wrong = base_lora_folder(opts.base_lora)
     problems += wrong
-    model = (base.get("model") or {}).get("init_args") or {}
-    data = base.get("data") or {}
+    data = with_defaults(PromptDataModule, base.get("data"))  # every option, the declared default where unset
     suite_sources = opts.suite or ([data["val_prompts"]] if isinstance(data.get("val_prompts"), str) else None)
     if suite_sources is None:
         problems.append(f"give --suite (a named suite such as digits_val, or .txt/.jsonl files): {base_path} names no "
@@ -143,11 +144,21 @@ def plan(opts: argparse.Namespace) -> tuple[Optional[Plan], list[str]]:
     problems += wrong + feature_problems(opts.features, metrics.rewards)
     if problems:
         return None, problems
-    num_steps = opts.num_steps or model.get("eval_num_steps") or model.get("num_steps") or 10
-    guidance = opts.guidance_scale if opts.guidance_scale is not None else model.get("guidance_scale", 4.5)
-    batch_size = opts.batch_size or data.get("val_batch_size") or 16
+    method = method_options(base)
+    num_steps = opts.num_steps or method["eval_num_steps"] or method["num_steps"]  # the run's validation steps
+    guidance = opts.guidance_scale if opts.guidance_scale is not None else method["guidance_scale"]
+    batch_size = opts.batch_size or data["val_batch_size"]
     return Plan(base, base_path, base_lora, sources, suite, metrics, int(num_steps), float(guidance),
                 max(1, batch_size // len(opts.seeds))), []
+
+
+def method_options(config: dict) -> dict[str, Any]:
+    """Every option of the method a fit config names, the method's declared default where the config sets none (a
+    TDM-R1 config without ``guidance_scale`` samples without CFG, as its run did)."""
+    from flowrl.methods import BaseModule
+
+    model = as_dict(config.get("model"))
+    return with_defaults(class_at(model.get("class_path")) or BaseModule, model.get("init_args"))
 
 
 def base_lora_folder(value: Optional[str]) -> tuple[Optional[Path], list[str]]:

@@ -39,14 +39,12 @@ class Model:
 def build_policy(spec: dict, lora_default: bool = False) -> FlowPolicy:
     """The policy of a config's ``model.init_args.policy`` spec (its frozen weights load here). ``lora_default``: a
     spec without LoRA gets the default options, so that adapters attach and ``reference()`` is the bare backbone."""
-    from jsonargparse import ArgumentParser
+    from flowrl.policies.export import policy_from_spec
 
     spec = {"class_path": spec["class_path"], "init_args": dict(spec.get("init_args") or {})}
     if lora_default and spec["init_args"].get("lora") is None:
         spec["init_args"]["lora"] = {}
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(FlowPolicy, "policy")
-    return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy
+    return policy_from_spec(spec)
 
 
 def checkpoint_state(path: Path) -> dict[str, torch.Tensor]:

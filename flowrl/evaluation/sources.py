@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from flowrl.checkpoint_paths import run_config
+
 #: the name the model without trained weights always has
 BASE = "base"
 WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
@@ -86,32 +88,19 @@ def policy_spec(config: dict) -> dict:
 def base_model(config: dict) -> tuple[str, str]:
     """What makes two runs share a base model: the policy's class and the weights it loads (``init_args.model``,
     resolved as the policy resolves it; the class's default where the config names none)."""
-    import inspect
-
+    from flowrl.config_nodes import as_dict, class_at, with_defaults
     from flowrl.model_paths import resolve_model
-    from flowrl.rewards.function import import_callable
 
     spec = policy_spec(config)
     class_path = spec.get("class_path", "")
-    model = (spec.get("init_args") or {}).get("model")
-    if model is None and class_path:
-        try:
-            model = inspect.signature(import_callable(class_path)).parameters["model"].default
-        except (ImportError, ValueError, KeyError):
-            model = None
+    cls = class_at(class_path)
+    model = (with_defaults(cls, spec.get("init_args")) if isinstance(cls, type) else as_dict(spec.get("init_args"))
+             ).get("model")
     try:
         model = resolve_model(model) if isinstance(model, str) else model
     except FileNotFoundError:
         pass  # reported with the config's own problems when it loads
     return class_path.rpartition(".")[2], str(Path(model).resolve()) if model and Path(model).exists() else str(model)
-
-
-def run_config(ckpt: Path) -> Optional[Path]:
-    """The ``config.yaml`` LightningCLI saved for the run of ``ckpt`` (its folder or the one above), if any."""
-    for folder in (ckpt.parent, ckpt.parent.parent):
-        if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
-    return None
 
 
 def _kind(name: str, value: str, path: Path) -> tuple[Optional[str], list[str]]:

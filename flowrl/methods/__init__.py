@@ -1,14 +1,27 @@
 """Methods: one LightningModule per algorithm, each a few hooks on one loop.
 
-The layers, from the bottom:
+The layers, from the bottom, each the parent of the next (only ``BaseModule``'s subclasses are methods):
 
-- :class:`~flowrl.methods.generation.Generation`: conditioning, the guided velocity, deterministic samples from seeds,
-  validation, evaluation and prediction reduced over ranks.
+    LightningModule -> Generation -> Distributed -> StepMetrics -> Trajectories -> BaseModule
+    BaseModule -> PolicyGradient -> FlowGRPO (DDPO: FlowGRPO with the ddim step) -> DenseGRPO
+                                 -> TPGRPO
+                                 -> TreeMethod -> TempFlowGRPO, TreeRPO, BranchGRPO
+               -> TDMR1, DiffusionNFT (their own update on named adapters)
+
+- :class:`~flowrl.methods.generation.Generation`: conditioning, the guided velocity (every model call, counted),
+  deterministic samples from seeds, validation, evaluation and prediction reduced over ranks.
+- :class:`~flowrl.methods.distributed.Distributed`: gathers of per-rank rows, and the strategy's side of an update as
+  the plain callables the components take (:class:`~flowrl.training.steps.TrainingSteps`: backward, gradient sync,
+  the checked optimizer step, collectives).
+- :class:`~flowrl.methods.step_metrics.StepMetrics`: the metrics every method logs, under the same names.
+- :class:`~flowrl.methods.trajectories.Trajectories`: the sampling hooks (trajectories from seeded noise through the
+  one step loop, ``sde_mask``, ``trained_steps``, ``completion_starts``).
 - :class:`~flowrl.methods.base.BaseModule`: the one training loop, for every method: rollout (sampled and scored in
   chunks) -> the batch gathered from every rank (:class:`~flowrl.methods.batch.Batch`) -> aggregated rewards ->
   hooks on it (step rewards, advantages, loss weights, supervised weights; computed once, the same on every rank)
   -> the method's ``update`` -> the same core metrics for every method. The options every method has are declared
-  here, and every option is checked before any ``__init__`` runs (:mod:`~flowrl.methods.option_surface`).
+  here, and every option of the method is checked when its ``__init__`` starts, before a subclass's ``__init__`` has
+  done more than call it (:mod:`~flowrl.methods.option_surface`).
 - :class:`~flowrl.methods.policy_gradient.PolicyGradient`: SDE rollouts, credit on the stochastic steps, and the
   PPO update (:class:`~flowrl.training.ppo_update.PPOUpdate`: minibatches drawn over every rank, micro-batches with
   one gradient sync each, clipping through the strategy, ratio check, log-prob recomputation, KL).

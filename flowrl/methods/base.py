@@ -177,7 +177,12 @@ class BaseModule(Trajectories):
         rollout.step_rewards, rollout.train_mask = credited.mine(credited.step_rewards), credited.mine(credited.trained)
         pairs, why = trained_pairs(credited.trained, credited.valid, credited.loss_weights, credited.advantages)
         skip = self.untrained.skip(pairs, self.global_step, why)  # the gathered batch: one decision on every rank
+        passes, skipped = self.forward_passes, self.nonfinite.skipped
         metrics = {} if skip else self.update(rollout, cond, credited)
+        # counted here for every method alike: the update's model evaluations per sample of this rank (a CFG pair 2;
+        # every model call goes through Generation.velocity) and its optimizer steps skipped as non-finite
+        metrics["forward_passes"] = (self.forward_passes - passes) / rollout.batch_size
+        metrics["nonfinite_steps"] = float(self.nonfinite.skipped - skipped)
         metrics["untrained_batches"] = float(self.untrained.in_a_row)
         self.log_step(rollout, credited, {**credited.diagnostics, **metrics}, sampling_s, cond.guided)
         mine = credited.rows
@@ -242,7 +247,9 @@ class BaseModule(Trajectories):
 
     def update(self, rollout: Rollout, cond: Conditioning, batch: Batch) -> dict[str, float]:
         """Train on the batch (``rollout``: this rank's rows, its ``train_mask`` and ``step_rewards`` this rank's
-        share of the batch's); return the metrics to log as ``train/<key>``. Each method defines its own."""
+        share of the batch's); return the metrics to log as ``train/<key>``, among them
+        :data:`~flowrl.methods.step_metrics.UPDATE_METRICS` (the loop adds ``forward_passes``, ``nonfinite_steps``
+        and ``untrained_batches``). Each method defines its own."""
         raise NotImplementedError(f"{type(self).__name__} does not define update()")
 
     # -- hooks: on the batch gathered from every rank -------------------------------------------------------

@@ -20,7 +20,6 @@ velocities are conditional even when sampling uses CFG (the code concatenates un
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -33,7 +32,7 @@ from flowrl.methods.batch import Batch
 from flowrl.methods.option_surface import at_least, named_adapter_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
-from flowrl.sampling.sampler import branch_seed, seeded_noise
+from flowrl.sampling.sampler import branch_seed, fraction_problems, fraction_steps, seeded_noise
 from flowrl.sampling.steps import PREDICTIONS, STEPS
 from flowrl.training.adapter_steps import adapter_step, backward, follow
 
@@ -101,8 +100,7 @@ class DiffusionNFT(BaseModule):
         problems += at_least(o, 1, ("micro_batch_size",), hint=" (or null: a minibatch's pairs at once)")
         if o.advantage_mode not in ADVANTAGE_MODES:
             problems.append(f"model.advantage_mode={o.advantage_mode!r}: choose one of {list(ADVANTAGE_MODES)}")
-        if not 0 < o.timestep_fraction <= 1:
-            problems.append(f"model.timestep_fraction={o.timestep_fraction} must be in (0, 1] (the code: 0.99)")
+        problems += fraction_problems(o.timestep_fraction)
         decay = o.old_decay.get("init_args", o.old_decay) if isinstance(o.old_decay, dict) else vars(o.old_decay)
         if not (decay.get("delay", 0) >= 0 and decay.get("rate", 0) >= 0 and 0 <= decay.get("limit", 0) < 1):
             problems.append(f"model.old_decay={decay}: need delay >= 0, rate >= 0 and 0 <= limit < 1 (the code's "
@@ -126,11 +124,11 @@ class DiffusionNFT(BaseModule):
         r = optimality_probability(all_advantages[rows], self.advantage_clip, self.advantage_mode)
         r = torch.where(valid, r, torch.full_like(r, 0.5))  # no reward: no preference either way
         levels = rollout.sigmas[0, :-1]  # [T] the schedule's noise levels (the code: the sampler's timesteps / 1000)
-        per_row = max(1, math.floor(len(levels) * self.timestep_fraction))
+        per_row = max(1, fraction_steps(len(levels), self.timestep_fraction))  # at least one level per sample
         steps, world = self.training_steps(), self.trainer.world_size
         gen = torch.Generator().manual_seed(branch_seed(self.seed, [self.global_step]))
         order = torch.randperm(len(all_advantages), generator=gen)  # global rows, shuffled (as the code)
-        losses, norms, passes = [], [], 0
+        losses, norms = [], []
         for part in order.chunk(self.num_minibatches):
             mine = part[(part >= rows.start) & (part < rows.stop)] - rows.start
             pair_rows = mine.repeat_interleave(per_row)
@@ -145,14 +143,12 @@ class DiffusionNFT(BaseModule):
                 backward(steps, loss.sum() * world / total)  # averaged over ranks: the minibatch's mean
                 finite &= bool(torch.isfinite(loss).all())
                 losses.append(loss.detach())
-                passes += len(chunk) * (3 if self.beta > 0 else 2)
             norms.append(adapter_step(steps, self.optimizers(), self.policy.trainable_parameters("default"), finite))
         follow(self.policy, "old", "default", old_decay(self.global_step, self.old_decay.delay, self.old_decay.rate,
                                                         self.old_decay.limit))
         taken = [n for n in norms if n is not None]
         return {"loss": float(torch.cat(losses).mean()) if losses else float("nan"), "r_mean": float(r.mean()),
-                "grad_norm": sum(taken) / len(taken) if taken else float("nan"),
-                "nonfinite_steps": float(len(norms) - len(taken)), "forward_passes": passes / max(len(r), 1)}
+                "grad_norm": sum(taken) / len(taken) if taken else float("nan")}
 
     def _levels(self, seed: Tensor, count: int) -> Tensor:
         """A sample's order of the schedule's noise levels this step (the code: ``torch.randperm`` per sample)."""
@@ -167,11 +163,11 @@ class DiffusionNFT(BaseModule):
         tt = t.view(-1, *[1] * (x0.dim() - 1))
         x_t = (1 - tt) * x0 + tt * noise
         with torch.no_grad(), self.policy.adapter("old"):
-            v_old = self.policy.velocity(x_t, t, cond, 1.0)
-        v = self.policy.velocity(x_t, t, cond, 1.0)
+            v_old = self.velocity(x_t, t, cond, 1.0)
+        v = self.velocity(x_t, t, cond, 1.0)
         loss = nft_loss(v, v_old, x_t, x0, t, r, self.nft_beta, self.advantage_clip)
         if self.beta > 0:
             with torch.no_grad(), self.policy.reference():
-                v_ref = self.policy.velocity(x_t, t, cond, 1.0)
+                v_ref = self.velocity(x_t, t, cond, 1.0)
             loss = loss + self.beta * (v - v_ref).square().flatten(1).mean(1)
         return loss

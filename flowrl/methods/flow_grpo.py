@@ -16,7 +16,7 @@ from torch import Tensor
 
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.policies.base import FlowPolicy
-from flowrl.sampling.sampler import trained_steps
+from flowrl.sampling.sampler import fraction_problems, trained_steps
 
 
 class FlowGRPO(PolicyGradient):
@@ -37,9 +37,7 @@ class FlowGRPO(PolicyGradient):
 
     @classmethod
     def check_options(cls, o) -> list[str]:
-        if not 0 < o.timestep_fraction <= 1:
-            return [f"model.timestep_fraction={o.timestep_fraction} must be in (0, 1]"]
-        return []
+        return fraction_problems(o.timestep_fraction)
 
     @classmethod
     def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:

@@ -35,6 +35,7 @@ class Generation(LightningModule):
 
     scores_own_rewards = True  # reward callbacks must not score validation outputs a second time
     _reward_set: Optional[tuple[int, RewardSet]] = None
+    forward_passes = 0  # rows through the model since the module was built (a CFG pair: 2); the loop reads deltas
 
     @property
     def reward_set(self) -> RewardSet:
@@ -49,13 +50,21 @@ class Generation(LightningModule):
         """The policy's conditioning of a batch's ``prompts`` and, where its prompt records carry them, ``images``."""
         return self.policy.encode(batch["prompts"], images=batch.get("images"))
 
+    def velocity(self, z: Tensor, sigma: Tensor, cond: Conditioning, guidance_scale: float,
+                 cfg_gradient: str = "both") -> Tensor:
+        """The policy's velocity (:meth:`~flowrl.policies.base.FlowPolicy.velocity`, under whatever adapter is
+        active), counted in ``forward_passes``: a row per evaluation, 2 for a classifier-free guidance pair. Every
+        model call of a method goes through here, so the update's passes are counted alike for every method."""
+        self.forward_passes += len(z) * (2 if guidance_scale != 1.0 and cond.guided else 1)
+        return self.policy.velocity(z, sigma, cond, guidance_scale, cfg_gradient)
+
     def velocity_fn(self, cond: Conditioning, rows_of: Optional[Tensor] = None) -> VelocityFn:
         """The policy's guided velocity as a :data:`~flowrl.sampling.sampler.VelocityFn` whose ``rows`` index
         ``cond``'s rows, or index ``rows_of`` (a rollout's ``cond_rows``: each row's conditioning row) where given."""
         def velocity(z: Tensor, sigma: Tensor, rows: Tensor) -> Tensor:
             if rows_of is not None:
                 rows = rows_of[rows.to(rows_of.device)]
-            return self.policy.velocity(z, sigma, cond.select(rows), self.guidance_scale)
+            return self.velocity(z, sigma, cond.select(rows), self.guidance_scale)
         return velocity
 
     @torch.no_grad()

@@ -5,52 +5,20 @@ the signatures and docstrings), the default a check sees, and the checks themsel
 A class states its rules in a ``check_options(cls, o)`` classmethod over ``o``, the bound value of every option of the
 method (its own and its bases'), and returns the problems, each naming the key and the fix. :func:`option_problems`
 binds a parsed config's ``init_args`` (or a constructor call's arguments) to the signatures, fills in the defaults and
-runs every class's check, base first: the CLI calls it before any weight loads, and ``BaseModule.__new__`` before
-any ``__init__`` runs, so the same rules hold however a method is built.
+runs every class's check, base first: the CLI calls it before any weight loads, and ``BaseModule.__init__`` calls it
+first thing, before any subclass's ``__init__`` has done more than call it (so before a policy grows an adapter), so
+the same rules hold however a method is built. How a config is read before anything is built (the class a
+``class_path`` names, the declared defaults): :mod:`flowrl.config_nodes`.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from flowrl.config_nodes import class_at, declared_options, plain
 from flowrl.methods.trained_pairs import untrained_problems
-
-_SKIPPED = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-
-
-def declared_options(cls: type) -> dict[str, Any]:
-    """Every option of ``cls`` with its default: the parameters of each ``__init__`` along its MRO, the most derived
-    declaration winning (a method may change a base option's default, e.g. TP-GRPO's ``step_kind: cps``).
-
-    >>> class A:
-    ...     def __init__(self, x=1, y=2): ...
-    >>> class B(A):
-    ...     def __init__(self, z=3, y=5, **kwargs): ...
-    >>> declared_options(B)
-    {'z': 3, 'y': 5, 'x': 1}
-    """
-    options: dict[str, Any] = {}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
-            continue
-        for name, param in list(inspect.signature(init).parameters.items())[1:]:  # [0] is self
-            if param.kind not in _SKIPPED and name not in options:
-                options[name] = None if param.default is inspect.Parameter.empty else param.default
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
-            break  # the chain of **kwargs ends here: options further up are not reachable from the config
-    return options
-
-
-def plain(value: Any) -> Any:
-    """A parsed config value as plain Python: jsonargparse ``Namespace`` s (nested ``class_path`` / ``init_args``
-    nodes) become dicts."""
-    if hasattr(value, "as_dict"):
-        return value.as_dict()
-    return value
 
 
 def bound_options(cls: type, args: tuple = (), kwargs: Optional[dict] = None) -> tuple[SimpleNamespace, list[str]]:
@@ -110,12 +78,8 @@ def policy_prediction(policy: Any) -> Optional[str]:
 
 
 def policy_class(policy: Any) -> Optional[type]:
-    """The class a parsed policy config names (None: not a config, or no dotted ``class_path``)."""
-    path = policy.get("class_path") if isinstance(policy, dict) else None
-    if not isinstance(path, str) or "." not in path:
-        return None
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name, None)
+    """The class a parsed policy config names (None: not a config, or no importable dotted ``class_path``)."""
+    return class_at(policy.get("class_path")) if isinstance(policy, dict) else None
 
 
 def policy_guidance(policy: Any) -> Optional[str]:

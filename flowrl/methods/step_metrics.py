@@ -1,5 +1,6 @@
 """The metrics every method logs after each batch, under the same names (``train/reward/<name>``,
-``train/advantage/{mean,std}``, ``rollout/{nfe,evaluations,...}``, then the update's ``train/<key>``): a layer of
+``train/advantage/{mean,std}``, ``rollout/{nfe,evaluations,...}``, then the update's ``train/<key>``, among them
+:data:`UPDATE_METRICS` and the loop's ``train/{forward_passes,nonfinite_steps,untrained_batches}``): a layer of
 :class:`~flowrl.methods.base.BaseModule`, so that a method's update returns numbers and never logs them itself."""
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ import torch
 from flowrl.methods.batch import Batch
 from flowrl.methods.distributed import Distributed
 from flowrl.sampling.rollout import Rollout
+
+#: what every method's ``update`` returns (logged as ``train/<key>``): the trained policy's loss and its gradient norm
+#: before clipping (means over the batch's optimizer steps; the loop counts the passes and skipped steps itself)
+UPDATE_METRICS = ("loss", "grad_norm")
 
 
 class StepMetrics(Distributed):

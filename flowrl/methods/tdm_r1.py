@@ -103,7 +103,6 @@ class TDMR1(BaseModule):
 
             load_adapter(policy, "default", generator_init)
         follow(policy, "surrogate_old", "surrogate", 0.0)  # a copy
-        self.forward_passes = 0
 
     @classmethod
     def check_options(cls, o) -> list[str]:
@@ -144,13 +143,12 @@ class TDMR1(BaseModule):
     # -- model calls ---------------------------------------------------------------------------------------
 
     def v(self, adapter: Optional[str], z: Tensor, sigma: Tensor, cond: Conditioning, guidance: float = 1.0):
-        """The velocity under adapter ``adapter`` (None: the reference, the backbone alone); counts forward passes."""
-        self.forward_passes += len(z) * (2 if guidance != 1.0 else 1)
+        """The velocity under adapter ``adapter`` (None: the reference, the backbone alone)."""
         if adapter is None:
             with self.policy.reference():
-                return self.policy.velocity(z, sigma, cond, guidance)
+                return self.velocity(z, sigma, cond, guidance)
         with self.policy.adapter(adapter):
-            return self.policy.velocity(z, sigma, cond, guidance)
+            return self.velocity(z, sigma, cond, guidance)
 
     def x0(self, adapter: Optional[str], z: Tensor, tau: Tensor, cond: Conditioning, guidance: float = 1.0):
         """The clean-sample prediction ``z - tau v`` at the level ``tau`` (a scalar) of every row."""
@@ -182,14 +180,15 @@ class TDMR1(BaseModule):
                                             self.time_shift)}
 
     def update(self, rollout: Rollout, cond: Conditioning, batch: Batch) -> dict[str, float]:
-        """The fake score's, the surrogate's and the generator's steps, in that order, on this batch."""
-        plan, self.forward_passes = self.plan(rollout.sigmas[0]), 0
+        """The fake score's, the surrogate's and the generator's steps, in that order, on this batch; ``loss`` and
+        ``grad_norm`` are the generator's (the policy's own adapter), the others' under their names."""
+        plan = self.plan(rollout.sigmas[0])
         opt_generator, opt_fake, opt_surrogate = self.optimizers()
         metrics = self.fake_score_update(rollout, cond, plan, opt_fake)
         metrics.update(self.surrogate_update(rollout, cond, batch, plan, opt_surrogate))
         metrics.update(self.generator_update(rollout, cond, plan, opt_generator))
-        metrics["forward_passes"] = self.forward_passes / rollout.batch_size  # per sample, in the update
-        return metrics
+        # a skipped (non-finite) step has no norm (the loop counts it in train/nonfinite_steps)
+        return {key: float("nan") if value is None else value for key, value in metrics.items()}
 
     def fake_score_update(self, r: Rollout, cond: Conditioning, plan, opt) -> dict[str, float]:
         size, m, total, sigmas, steps = r.batch_size, len(plan["steps"]), 0.0, r.sigmas[0], self.training_steps()
@@ -208,7 +207,7 @@ class TDMR1(BaseModule):
                 total += float(loss.detach().sum())
         norm = adapter_step(steps, opt, self.policy.trainable_parameters("fake_score"), bool(torch.isfinite(
             torch.tensor(total))), counted=False)
-        return {"loss/fake_score": total / (size * m), "grad_norm/fake_score": norm or float("nan")}
+        return {"loss/fake_score": total / (size * m), "grad_norm/fake_score": norm}
 
     def surrogate_update(self, r: Rollout, cond: Conditioning, batch: Batch, plan, opt) -> dict[str, float]:
         size, m, total, frozen_frac, weight_mean = r.batch_size, len(plan["steps"]), 0.0, 0.0, 0.0
@@ -244,7 +243,7 @@ class TDMR1(BaseModule):
                             bool(torch.isfinite(torch.tensor(total))), counted=False)
         decay = min(OLD_DECAY[2], OLD_DECAY[0] + OLD_DECAY[1] * self.global_step)  # the code's ema_old decay
         follow(self.policy, "surrogate_old", "surrogate", decay)
-        return {"loss/surrogate": total, "grad_norm/surrogate": norm or float("nan"),
+        return {"loss/surrogate": total, "grad_norm/surrogate": norm,
                 "surrogate/frozen_frac": frozen_frac, "surrogate/weight_mean": weight_mean}
 
     def _denoising(self, z: Tensor, tau: Tensor, c: Conditioning, target: Tensor) -> Tensor:
@@ -282,4 +281,4 @@ class TDMR1(BaseModule):
                 total += float(loss.detach().sum())
         norm = adapter_step(steps, opt, self.policy.trainable_parameters("default"),
                             bool(torch.isfinite(torch.tensor(total))))
-        return {"loss/generator": total / (size * m), "grad_norm/generator": norm or float("nan")}
+        return {"loss": total / (size * m), "grad_norm": norm}

@@ -24,6 +24,7 @@ from torch import Tensor
 from flowrl.methods.batch import Batch
 from flowrl.methods.tree_method import TreeMethod
 from flowrl.policies.base import FlowPolicy
+from flowrl.sampling.sampler import fraction_problems, fraction_steps
 from flowrl.sampling.steps import get_step
 from flowrl.sampling.tree import TreeShape
 
@@ -43,7 +44,9 @@ def branch_steps_of(num_steps: int, branch_steps: Optional[list[int]], timestep_
     >>> branch_steps_of(10, None, 0.99), branch_steps_of(10, [5, 2], 0.99)
     ([0, 1, 2, 3, 4, 5, 6, 7, 8], [2, 5])
     """
-    return sorted(branch_steps) if branch_steps is not None else list(range(int(num_steps * timestep_fraction)))
+    if branch_steps is not None:
+        return sorted(branch_steps)
+    return list(range(fraction_steps(num_steps, timestep_fraction)))
 
 
 class TempFlowGRPO(TreeMethod):
@@ -70,8 +73,8 @@ class TempFlowGRPO(TreeMethod):
         problems = []
         if o.branches < 2:
             problems.append(f"model.branches={o.branches}: step advantages need at least 2 branches per step")
-        if not 0 < o.timestep_fraction <= 1:
-            return problems + [f"model.timestep_fraction={o.timestep_fraction} must be in (0, 1]"]
+        if fraction_problems(o.timestep_fraction):
+            return problems + fraction_problems(o.timestep_fraction)
         if o.branch_steps is None:  # the first floor(T x fraction) steps branch (none: the rule every method shares)
             steps = branch_steps_of(o.num_steps, None, o.timestep_fraction)
             if steps and steps[-1] >= o.num_steps - 1:

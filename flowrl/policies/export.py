@@ -20,6 +20,7 @@ import yaml
 
 from flowrl.checkpoint_fit import checkpoint_fit_problems, load_mismatch
 from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint, run_config
+from flowrl.config_nodes import class_at
 from flowrl.policies.base import FlowPolicy, adapter_of
 from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
 
@@ -98,17 +99,23 @@ def find_run_config(ckpt: Path) -> Path:
                             "--config (the file given to `fit --config`, with the same policy settings)")
 
 
-def policy_from_config(config: Path) -> FlowPolicy:
-    """Instantiates ``model.init_args.policy`` of a fit config (the frozen weights load from its model path)."""
+def policy_from_spec(spec: dict) -> FlowPolicy:
+    """Instantiates a policy spec ``{class_path, init_args}`` as the CLI parses it (the frozen weights load from its
+    model path)."""
     from jsonargparse import ArgumentParser
 
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(FlowPolicy, "policy")
+    return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy
+
+
+def policy_from_config(config: Path) -> FlowPolicy:
+    """Instantiates ``model.init_args.policy`` of a fit config (the frozen weights load from its model path)."""
     spec = (yaml.safe_load(config.read_text()) or {}).get("model", {}).get("init_args", {}).get("policy")
     if spec is None:
         raise ValueError(f"{config} has no model.init_args.policy; pass the config of the run that wrote the "
                          "checkpoint")
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(FlowPolicy, "policy")
-    return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy
+    return policy_from_spec(spec)
 
 
 def ema_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
@@ -140,7 +147,7 @@ def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool
     average = ema_weights(checkpoint) if ema else {}  # before the (slow) policy load: a missing EMA fails first
     config = Path(config) if config else find_run_config(ckpt)
     model = (yaml.safe_load(config.read_text()) or {}).get("model") or {}
-    method = _method_class(model.get("class_path"))
+    method = class_at(model.get("class_path"))
     if method is not None and (wrong := checkpoint_fit_problems(str(ckpt), method, (model.get("init_args") or {})
                                                                 .get("policy"), "export")):
         raise ValueError(wrong[0].replace("ckpt_path=", "--ckpt ", 1))
@@ -160,16 +167,6 @@ def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool
                          "config.yaml beside the checkpoint)")
     policy.load_state_dict(weights)
     return policy
-
-
-def _method_class(path: Optional[str]) -> Optional[type]:
-    import importlib
-
-    module, _, name = str(path or "").rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name, None) if module else None
-    except ImportError:
-        return None
 
 
 def main(args: Optional[list[str]] = None) -> None:

@@ -7,8 +7,12 @@
   ``(tree seed, path)``, step masks;
 - :mod:`~flowrl.sampling.rollout`: the ``Rollout`` record every method fills (rows, conditioning rows, tree node
   ids, per-row NFE) and its tree helpers (parents, depths, edges trained once);
+- :mod:`~flowrl.sampling.tree`: the tree sampler (TempFlow-GRPO, Dynamic-TreeRPO, BranchGRPO): a frontier of nodes
+  advanced a step at a time, each shared prefix computed once, leaves as rows with their node ids;
 - :mod:`~flowrl.sampling.ode_complete` and :mod:`~flowrl.sampling.completion_rewards`: batched ODE completions of
   intermediate states and their rewards (dense step-reward methods);
+- :mod:`~flowrl.sampling.completions`: the completion-and-scoring component DenseGRPO, TP-GRPO and TempFlow-GRPO
+  share (which states to complete is theirs; the ODE completion, decoding and the reward set's total are here);
 - :mod:`~flowrl.sampling.noise_calibration`: DenseGRPO's exploration-space calibration.
 """
 

@@ -254,6 +254,29 @@ def sde_steps(num_steps: int, step_kind: str, sde_window: Optional[tuple[int, in
     return mask
 
 
+def fraction_steps(num_steps: int, timestep_fraction: float) -> int:
+    """How many of ``num_steps`` steps a timestep fraction covers: ``floor(T * timestep_fraction)``, flow_grpo's rule
+    (``int(num_steps * timestep_fraction)``). Flow-GRPO trains and TempFlow-GRPO branches on the first that many;
+    DiffusionNFT trains each sample at that many of the schedule's noise levels.
+
+    >>> fraction_steps(10, 0.99), fraction_steps(10, 1.0), fraction_steps(4, 0.1)
+    (9, 10, 0)
+    """
+    return math.floor(num_steps * timestep_fraction)
+
+
+def fraction_problems(timestep_fraction: float) -> list[str]:
+    """The range of a timestep fraction, ``(0, 1]``, as the problem a method's check reports (empty when it holds).
+
+    >>> fraction_problems(0.99), fraction_problems(0)[0][:43]
+    ([], 'model.timestep_fraction=0 must be in (0, 1]')
+    """
+    if 0 < timestep_fraction <= 1:  # also rejects NaN
+        return []
+    return [f"model.timestep_fraction={timestep_fraction} must be in (0, 1]: the share of the T steps trained, "
+            "floor(T x fraction) of them (the papers' code: 0.99)"]
+
+
 def trained_steps(sde_mask: Tensor, timestep_fraction: float, sigmas: Tensor, step_kind: str) -> Tensor:
     """Steps the loss trains ``[T]``: stochastic steps among the first ``floor(T * timestep_fraction)`` (as
     flow_grpo), minus steps whose transition has zero std (CPS landing on sigma = 0; DDIM landing on sigma = 0 or
@@ -264,7 +287,7 @@ def trained_steps(sde_mask: Tensor, timestep_fraction: float, sigmas: Tensor, st
     """
     num_steps = sde_mask.numel()
     mask = sde_mask.clone()
-    mask[int(num_steps * timestep_fraction):] = False
+    mask[fraction_steps(num_steps, timestep_fraction):] = False
     if step_kind == "cps":
         mask &= sigmas[1:] > 0
     if step_kind == "ddim":

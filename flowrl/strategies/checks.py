@@ -19,14 +19,11 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from flowrl.config_nodes import as_dict, with_defaults
 from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint
 
 FSDP2_CLASSES = ("FSDP2Strategy", "ModelParallelStrategy")
 DEEPSPEED_FIX = "pip install 'flowrl[deepspeed]'"
-
-
-def _as_dict(node: Any) -> dict:
-    return node.as_dict() if hasattr(node, "as_dict") else dict(node or {})
 
 
 def strategy_kind(strategy: Any) -> tuple[str, dict]:
@@ -42,14 +39,14 @@ def strategy_kind(strategy: Any) -> tuple[str, dict]:
         options = dict(StrategyRegistry[strategy]["init_params"]) if strategy in StrategyRegistry else {}
         name = strategy
     else:
-        node = _as_dict(strategy)
-        name, options = str(node.get("class_path", "")).rpartition(".")[2], _as_dict(node.get("init_args"))
+        node = as_dict(strategy)
+        name, options = str(node.get("class_path", "")).rpartition(".")[2], as_dict(node.get("init_args"))
     if name == "fsdp2" or name in FSDP2_CLASSES:
         return "fsdp2", options
     if name.startswith("fsdp") or name == "FSDPStrategy":
         return "fsdp", options
     if name.startswith("deepspeed") or name == "DeepSpeedStrategy":
-        stage = _as_dict(options.get("config")).get("zero_optimization", {}).get("stage", options.get("stage", 2))
+        stage = as_dict(options.get("config")).get("zero_optimization", {}).get("stage", options.get("stage", 2))
         return "deepspeed", {**options, "stage": stage}
     return "other", options
 
@@ -66,7 +63,10 @@ def val_batch_counts(num_rows: int, batch_size: int, world: int) -> list[int]:
 def strategy_problems(config: dict, method: type, world: Optional[int], num_val_prompts: int) -> list[str]:
     """Problems of ``config["trainer"]["strategy"]`` with the method class, the process count ``world`` (None:
     unknown) and the number of validation prompts."""
-    trainer, model, data = (_as_dict(config.get(k)) for k in ("trainer", "model", "data"))
+    from flowrl.data import PromptDataModule
+
+    trainer, model = as_dict(config.get("trainer")), as_dict(config.get("model"))
+    data = with_defaults(PromptDataModule, config.get("data"))  # every data option, the declared default where unset
     kind, options = strategy_kind(trainer.get("strategy", "auto"))
     shown = trainer.get("strategy") if isinstance(trainer.get("strategy"), str) else options
     problems = []
@@ -86,8 +86,8 @@ def strategy_problems(config: dict, method: type, world: Optional[int], num_val_
         problems.append("trainer.strategy: flowrl shards with FSDP2 over data-parallel ranks only; set "
                         "tensor_parallel_size: 1 (or use --trainer.strategy=fsdp2)")
     if kind == "fsdp2" or (kind == "deepspeed" and options.get("stage") == 3):
-        rows = num_val_prompts * int(data.get("val_samples_per_prompt", 1))
-        size = int(data.get("val_batch_size", 16))
+        rows = num_val_prompts * int(data["val_samples_per_prompt"])
+        size = int(data["val_batch_size"])
         counts = val_batch_counts(rows, size, world) if world and world > 1 and rows else []
         if len(set(counts)) > 1:
             problems.append(f"trainer.strategy={shown!r} runs each forward as a collective, so every rank must draw as "
@@ -96,11 +96,12 @@ def strategy_problems(config: dict, method: type, world: Optional[int], num_val_
                             f"{math.ceil(rows / world)} (one batch each) or a sample count divisible by "
                             f"{world * size}")
     if kind == "deepspeed":
-        problems += _deepspeed_problems(trainer, _as_dict(model.get("init_args")), options, shown)
+        problems += _deepspeed_problems(trainer, with_defaults(method, model.get("init_args")), options, shown)
     return problems
 
 
 def _deepspeed_problems(trainer: dict, init_args: dict, options: dict, shown: Any) -> list[str]:
+    """``init_args``: the method's options, the declared default where the config sets none."""
     problems = []
     if importlib.util.find_spec("deepspeed") is None:
         problems.append(f"trainer.strategy={shown!r} needs DeepSpeed, which is not installed: {DEEPSPEED_FIX} (CUDA "
@@ -108,12 +109,12 @@ def _deepspeed_problems(trainer: dict, init_args: dict, options: dict, shown: An
     if str(trainer.get("accelerator", "auto")) == "cpu":
         problems.append(f"trainer.strategy={shown!r} runs on CUDA GPUs only (Lightning's DeepSpeedStrategy); on "
                         "trainer.accelerator=cpu use --trainer.strategy=fsdp2 (sharded) or ddp")
-    if init_args.get("max_grad_norm", 1.0) is not None:
+    if init_args["max_grad_norm"] is not None:
         problems.append("model.max_grad_norm: DeepSpeed clips inside its engine, not through the strategy; set "
                         "--model.init_args.max_grad_norm=null and give the clip in DeepSpeed's config, e.g. "
                         "--trainer.strategy=lightning.pytorch.strategies.DeepSpeedStrategy "
                         "--trainer.strategy.config='{zero_optimization: {stage: 2}, gradient_clipping: 1.0}'")
-    callbacks = [str(_as_dict(c).get("class_path", "")) for c in trainer.get("callbacks") or []]
+    callbacks = [str(as_dict(c).get("class_path", "")) for c in trainer.get("callbacks") or []]
     if options.get("stage") == 3 and any(path.rpartition(".")[2] == "EMA" for path in callbacks):
         problems.append("flowrl.callbacks.EMA with DeepSpeed ZeRO-3: the EMA reads the trained weights, which ZeRO-3 "
                         "keeps partitioned inside its engine; use deepspeed_stage_2, or --trainer.strategy=fsdp2 "

@@ -2,7 +2,8 @@
 
 One decision for every rank (a rank that stepped while another skipped would leave the replicas apart), a count of
 skipped steps in a row that is saved in checkpoints, and an error naming the quantity and the usual causes after
-``max_in_a_row`` of them.
+``max_in_a_row`` of them. ``skipped`` counts every skipped step, so the training loop logs a batch's
+(``train/nonfinite_steps``) whatever the method's update.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ class NonfiniteSteps:
     """Decides, per optimizer step, whether to skip it.
 
     >>> guard = NonfiniteSteps(max_in_a_row=2)
-    >>> guard.skip(True, 1.0), guard.skip(True, float("nan")), guard.in_a_row
-    (False, True, 1)
+    >>> guard.skip(True, 1.0), guard.skip(True, float("nan")), guard.in_a_row, guard.skipped
+    (False, True, 1, 1)
     """
 
     def __init__(self, max_in_a_row: int):
         self.max_in_a_row = max_in_a_row
         self.in_a_row = 0
+        self.skipped = 0  # every skipped step of this process's run (the loop logs each batch's share)
 
     def skip(self, loss_finite: bool, grad_norm: float, on_any_rank: Callable[[bool], bool] = bool,
              step: int = 0) -> bool:
@@ -38,6 +40,7 @@ class NonfiniteSteps:
             self.in_a_row = 0
             return False
         self.in_a_row += 1
+        self.skipped += 1
         if self.in_a_row >= self.max_in_a_row:
             quantity = "the loss" if not loss_finite else "the gradient norm" if not math.isfinite(grad_norm) else (
                 "the loss or gradient norm on another rank")

@@ -3,12 +3,15 @@ cannot run fail before any weight loads (the model path below does not exist, so
 differently), each naming the fix."""
 
 import importlib.util
+from typing import Optional
 
 import pytest
 import torch
 from lightning.pytorch import Trainer
 
 from flowrl.cli import main
+from flowrl.methods import FlowGRPO
+from flowrl.strategies.checks import strategy_problems
 from flowrl.strategies.fsdp2 import FSDP2Strategy
 from tests.cli.test_ddp_configs import ROOT
 from tests.cli.test_fit import CONFIG
@@ -66,3 +69,17 @@ def test_likelihood_free_methods_and_sharded_checkpoints_name_their_strategy(cap
     torch.save({}, folder / "meta.pt")  # what a sharded checkpoint folder holds beside the per-rank files
     out = errors(capsys, "--trainer.devices=2", "--trainer.strategy=ddp", f"--ckpt_path={folder}")
     assert "is a sharded (FSDP2) checkpoint folder: resume it with --trainer.strategy=fsdp2" in out
+
+
+class UnclippedFlowGRPO(FlowGRPO):
+    """A method whose declared default is no clipping."""
+
+    def __init__(self, policy, max_grad_norm: Optional[float] = None, **kwargs):
+        super().__init__(policy, max_grad_norm=max_grad_norm, **kwargs)
+
+
+def test_deepspeeds_clip_check_reads_the_methods_declared_default():
+    config = {"trainer": {"strategy": "deepspeed_stage_2", "accelerator": "gpu"}, "model": {"init_args": {}}}
+    clip = lambda method: [p for p in strategy_problems(config, method, 2, 0) if "max_grad_norm" in p]  # noqa: E731
+    assert len(clip(FlowGRPO)) == 1  # the base's default, 1.0, clips through the strategy: refused
+    assert clip(UnclippedFlowGRPO) == []  # unset in the config and None in the signature: nothing to refuse

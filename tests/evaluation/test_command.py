@@ -87,3 +87,21 @@ def test_a_suite_is_needed_and_features_must_exist(tmp_path, no_weights, monkeyp
     message = problems(["--config", str(config), "--suite", "digits", "--features", "nope"])
     assert "--suite digits: no suite of that name; named suites: digits_val" in message
     assert "--features nope: no metric of that name; give auto, none, or one of ['brightness']" in message
+
+
+@pytest.mark.parametrize("config, steps_and_guidance", [("tiny_tdm_r1.yaml", (4, 1.0)),
+                                                        ("tiny_diffusion_nft.yaml", (10, 1.0))])
+def test_steps_and_guidance_default_to_the_methods_own(config, steps_and_guidance, tmp_path, no_weights,
+                                                         monkeypatch):
+    """A config that leaves them out evaluates as its run sampled: TDM-R1's 4 CFG-free steps, DiffusionNFT's CFG-free
+    sampler (their declared defaults), not another method's 10 steps at guidance 4.5."""
+    from flowrl.evaluation.command import parser, plan
+
+    monkeypatch.chdir(ROOT)
+    spec = yaml.safe_load((ROOT / "configs" / config).read_text())
+    for key in ("num_steps", "eval_num_steps", "guidance_scale"):
+        spec["model"]["init_args"].pop(key, None)
+    (tmp_path / config).write_text(yaml.safe_dump(spec))
+    found, wrong = plan(parser().parse_args(["--config", str(tmp_path / config), "--suite", "digits_val"]))
+    assert wrong == [] and (found.num_steps, found.guidance_scale) == steps_and_guidance
+    assert found.prompts_per_batch == 16 // 4  # data.val_batch_size's default, 16 images, over the 4 default seeds

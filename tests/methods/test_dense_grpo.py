@@ -72,9 +72,9 @@ def counted_rollout(policy, monkeypatch, **options):
     rows = [0]
     velocity = policy.velocity
 
-    def counted(z, sigma, cond, guidance):
+    def counted(z, sigma, cond, guidance, *cfg_gradient):
         rows[0] += z.shape[0]  # one row of a CFG call is one evaluation (its two halves run as one batch)
-        return velocity(z, sigma, cond, guidance)
+        return velocity(z, sigma, cond, guidance, *cfg_gradient)
 
     monkeypatch.setattr(policy, "velocity", counted)
     batch = {"prompts": PROMPTS[:2], "group_ids": torch.zeros(2, dtype=torch.long), "seeds": torch.tensor([4, 5])}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from flowrl.config_nodes import class_at
 from tests.policies.edit_records import write_records
 from tests.policies.tiny_editing import CONDITION_AREA, SOURCE_AREA
 
@@ -105,7 +106,7 @@ def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
             "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e-2}}}
     if method in POLICY_GRADIENT:
         init.update(micro_batch_size=4, check_ratio=True, check_ratio_threshold=1.0e-4)
-    module = _class(path)
+    module = class_at(path)
     leaves = module.rollout_cost(bound_options(module, (), {**init, "policy": None})[0])[0]
     prompts = str(write_records(out / "data", sizes=((40, 48), (32, 32)), per_record=family.records)) \
         if family.records else PROMPTS
@@ -120,8 +121,3 @@ def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
                         "callbacks": [reward]},
             "model": {"class_path": path, "init_args": init},
             "data": {"prompts": prompts, "group_size": max(leaves, 2), "num_groups": 1, "seed": 3}}
-
-
-def _class(path: str):
-    module, _, name = path.rpartition(".")
-    return getattr(__import__(module, fromlist=[name]), name)
