@@ -4,7 +4,6 @@ links to a section of the Results page may quote only figures that the section's
 the data, or a figure copied wrong, fails here until the prose says what the data says."""
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,17 +14,6 @@ RESULTS = (ROOT / "docs/results.md").read_text()
 PAGES = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "results.md")
 LINK = re.compile(r"\]\((?:[\w./-]*/)?results\.md#([\w-]+)\)")
 HEADING = re.compile(r"^(#+) (.+)$", re.M)
-
-
-@pytest.fixture(scope="module")
-def tables():
-    sys.path.insert(0, str(ROOT / "scripts"))  # results_tables imports plot_rewards beside it
-    try:
-        import results_tables
-
-        yield results_tables
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +60,12 @@ def test_every_figure_quoted_beside_a_results_link_is_in_its_sections_tables(mad
 def test_the_audited_figures_are_checked(tables):
     """The figures issue 24's audit found copied by hand stand in paragraphs this test reads, so it cannot pass by
     reading none of them."""
-    checked = {page.name: set().union(*[tables.figures(p, tables.FIGURE) for _, p in quoted(page.read_text())])
-               for page in PAGES}
-    assert {"0.547", "-0.013 +- 0.016", "50.4", "8,064"} <= checked["tempflow-grpo.md"]
-    assert {"157", "108", "15,912", "0.540"} <= checked["tree-rpo.md"]
-    assert {"0.549", "0.004 +- 0.008", "-0.013 +- 0.016", "0.011 +- 0.010"} <= checked["tree-rollouts.md"]
+    # keyed by path: docs/data/*/README.md share the name of the repository's README
+    checked = {str(page.relative_to(ROOT)): set().union(*[tables.figures(p, tables.FIGURE)
+                                                          for _, p in quoted(page.read_text())]) for page in PAGES}
+    assert {"0.547", "-0.013 +- 0.016", "50.4", "8,064"} <= checked["docs/methods/tempflow-grpo.md"]
+    assert {"157", "108", "15,912", "0.540"} <= checked["docs/methods/tree-rpo.md"]
+    assert {"0.549", "0.004 +- 0.008", "-0.013 +- 0.016", "0.011 +- 0.010"} <= checked["docs/methods/tree-rollouts.md"]
     assert "0.749 +- 0.036" in checked["README.md"]
 
 

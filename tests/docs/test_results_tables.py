@@ -16,17 +16,6 @@ PAGE = (ROOT / "docs/results.md").read_text()
 
 
 @pytest.fixture(scope="module")
-def tables():
-    sys.path.insert(0, str(ROOT / "scripts"))  # results_tables imports plot_rewards beside it
-    try:
-        import results_tables
-
-        yield results_tables
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-
-
-@pytest.fixture(scope="module")
 def printed():
     """The script's output, run as a user runs it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
