@@ -109,6 +109,22 @@ def test_a_save_that_fails_in_a_fit_keeps_the_previous_last_checkpoint(tiny_mode
     assert any(not torch.equal(failed[k], first[k]) for k in first)  # and step 2 had changed them: not its save
 
 
+def fit_in_own_session(args: list[str], cwd: Path) -> tuple[int, str]:
+    """``python -m flowrl`` with ``args`` in a process group of its own, killed whole when it returns (a rank left
+    waiting for a peer that failed or was killed); its return code and output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=cwd, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.returncode, output
+
+
 @pytest.mark.slow  # a 2-process FSDP2 run
 def test_a_save_that_fails_on_one_fsdp2_rank_keeps_the_previous_sharded_checkpoint(tiny_model_dir, tmp_path):
     # rank 0's meta.pt of step 2 fails half-way, after both ranks wrote their shards: both ranks raise (none waits
@@ -117,17 +133,8 @@ def test_a_save_that_fails_on_one_fsdp2_rank_keeps_the_previous_sharded_checkpoi
     args = fit_args(tiny_model_dir, tmp_path, "--trainer.max_steps=3", "--trainer.devices=2",
                     "--trainer.strategy=fsdp2", *LAST_ONLY, f"--trainer.callbacks.dirpath={ckpt}",
                     "--trainer.callbacks+=tests.cli.test_checkpoint_saves.FullDiskFrom")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=tmp_path, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = proc.communicate(timeout=400)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # a rank left behind, were the failure not shared
-        except ProcessLookupError:
-            pass
-    assert proc.returncode != 0
+    returncode, output = fit_in_own_session(args, tmp_path)
+    assert returncode != 0
     assert (f"saving the checkpoint {ckpt}/last.ckpt failed (No space left on device); the previous last.ckpt is kept "
             "as it was") in output, output[-3000:]
     assert [p.name for p in ckpt.iterdir()] == ["last.ckpt"]  # no partial folder left
@@ -207,17 +214,8 @@ def killed_fsdp2_run(tmp_path_factory, tiny_model_dir):
                     "--trainer.callbacks.save_last=true", "--trainer.callbacks.every_n_train_steps=1",
                     f"--trainer.callbacks.dirpath={ckpt}", "--trainer.callbacks+=tests.cli.test_checkpoint_saves"
                     ".KillAtLastSave", "--trainer.callbacks.step=3")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=out, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = proc.communicate(timeout=400)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # rank 1, left waiting for its peer
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == -signal.SIGKILL, output[-3000:]
+    returncode, output = fit_in_own_session(args, out)
+    assert returncode == -signal.SIGKILL, output[-3000:]
     return ckpt
 
 
