@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # 136 s of CPU for a benchmark script's plumbing; tests/scripts/test_gpu_pipelines.py stays default
 def test_smoke_run_on_cpu_reports_every_model(tmp_path):
     out = tmp_path / "results.json"
     models = ["sd3", "sd15", "qwen_image", "wan21_ckpt"]
