@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from flowrl.checkpoint_fit import checkpoint_fit_problems
+from flowrl.checkpoint_fit import checkpoint_fit_problems, resume_step_problems
 from flowrl.checkpoint_paths import checkpoint_problems
 from flowrl.config_nodes import as_dict, class_at, with_defaults
 from flowrl.data import GroupLayout, PromptDataModule, load_prompts
@@ -64,8 +64,9 @@ def config_problems(config: Any) -> list[str]:
                    if (repository / source).is_file() else "give a .txt/.jsonl file or a list of prompts")
             problems.append(f"data.{key}={source!r} does not exist (relative paths start at {Path.cwd()}); {fix}")
     if ckpt := config.get("ckpt_path"):
-        problems += checkpoint_problems(str(ckpt)) or checkpoint_fit_problems(str(ckpt), method,
-                                                                               init_args.get("policy"), "resume")
+        problems += checkpoint_problems(str(ckpt)) or [
+            *resume_step_problems(str(ckpt), trainer.get("max_steps", -1)),
+            *checkpoint_fit_problems(str(ckpt), method, init_args.get("policy"), "resume")]
     problems += config_record_problems(config)  # images the policy takes (an edit's sources) or does not
     return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
 
