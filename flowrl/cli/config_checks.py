@@ -44,6 +44,7 @@ def config_problems(config: Any) -> list[str]:
     policy = as_dict(init_args.get("policy"))
     if isinstance(as_dict(policy.get("init_args")).get("model"), str):
         problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
+        problems += policy_problems(policy)
     trainer = as_dict(config.get("trainer"))
     world = world_size(trainer)
     data = with_defaults(PromptDataModule, config.get("data"))  # every data option, the declared default where unset
@@ -69,6 +70,15 @@ def config_problems(config: Any) -> list[str]:
             *checkpoint_fit_problems(str(ckpt), method, init_args.get("policy"), "resume")]
     problems += config_record_problems(config)  # images the policy takes (an edit's sources) or does not
     return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
+
+
+def policy_problems(policy: dict) -> list[str]:
+    """The policy's own settings against its model's config files (a video's size against Wan's latent grid), where
+    its class checks them from the config alone (``config_problems``): reported here, once, instead of from inside
+    its ``__init__`` through jsonargparse's dump of every type it tried."""
+    cls = class_at(policy.get("class_path"))
+    check = getattr(cls, "config_problems", None)
+    return check(with_defaults(cls, policy.get("init_args"))) if callable(check) else []
 
 
 def _count_prompts(source: Any) -> int:
