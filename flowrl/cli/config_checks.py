@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from flowrl.checkpoint_fit import checkpoint_fit_problems, resume_step_problems
 from flowrl.checkpoint_paths import checkpoint_problems
+from flowrl.cli.reward_checks import reward_policy_problems
 from flowrl.config_nodes import as_dict, class_at, with_defaults
 from flowrl.data import GroupLayout, PromptDataModule, load_prompts
 from flowrl.methods.base import BaseModule
@@ -69,6 +70,7 @@ def config_problems(config: Any) -> list[str]:
             *resume_step_problems(str(ckpt), trainer.get("max_steps", -1)),
             *checkpoint_fit_problems(str(ckpt), method, init_args.get("policy"), "resume")]
     problems += config_record_problems(config)  # images the policy takes (an edit's sources) or does not
+    problems += reward_policy_problems(config)  # rewards that cannot score what the policy makes
     return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
 
 
