@@ -41,10 +41,10 @@ from flowrl.checkpoint_paths import (EXAMPLE, checkpoint_problems, newest_run_ch
                                      run_checkpoint)
 from flowrl.cli.config_checks import config_problems, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, log_roots, release_unused, share_log_versions
-from flowrl.config_nodes import as_dict
 from flowrl.cli.method_switch import method_switch
 from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
 from flowrl.cli.rendezvous import rendezvous_notice
+from flowrl.config_nodes import as_dict
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
 
