@@ -48,15 +48,20 @@ def one_reward_problems(cls: type, reward: dict, policy_cls: type, policy: dict,
     if getattr(cls, "min_frames", 1) > 1 and not video:  # takes_clips alone: an image is a one-frame clip
         problems.append(f"compares frames of a clip (at least {cls.min_frames}), but {name} makes single images; use "
                         "it with a video policy (flowrl.policies.WanPolicy), or remove the reward")
-    if video and isinstance(reward.get("frames"), (list, tuple)):
+    if video and isinstance(reward.get("frames"), (list, tuple, str)):
         from flowrl.rewards.video_frames import frame_indices
 
+        num_frames = policy["num_frames"]
         try:
-            frame_indices(reward["frames"], policy["num_frames"])
-        except ValueError as err:
-            problems.append(f"{err} (model.init_args.policy.init_args.num_frames={policy['num_frames']}); pick frames "
-                            f"in [-{policy['num_frames']}, {policy['num_frames']}), or a named selection such as "
-                            "first_middle_last")
+            picked = len(frame_indices(reward["frames"], num_frames))
+        except (ValueError, KeyError) as err:  # a misspelled selection (KeyError) is the reward's own check
+            picked = None
+            if isinstance(err, ValueError):
+                problems.append(f"{err} (model.init_args.policy.init_args.num_frames={num_frames}); pick frames in "
+                                f"[-{num_frames}, {num_frames}), or a named selection such as first_middle_last")
+        if picked is not None and picked < getattr(cls, "min_frames", 1):
+            problems.append(f"frames={reward['frames']!r} picks {picked} of the clip's {num_frames} frames; it compares "
+                            f"at least {cls.min_frames}: pick more (all, every_4, or a list)")
     if isinstance(reward.get("model"), str):
         try:
             resolve_model(reward["model"])
