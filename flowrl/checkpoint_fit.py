@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import torch
 
+from flowrl.checkpoint_family import family_problem
 from flowrl.config_nodes import class_at, plain
 from flowrl.policies.base import LoraOptions, adapter_of
 from flowrl.strategies.sharded_checkpoint import META, is_sharded_checkpoint
@@ -31,9 +32,9 @@ def method_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def checkpoint_weights(path: str | Path) -> tuple[dict[str, tuple[int, ...]], Optional[str]]:
-    """``({state_dict key: shape}, the method recorded or None)`` of a checkpoint file or sharded folder, read
-    without loading its tensors (a file is memory-mapped; a folder's shapes come from its index)."""
+def checkpoint_record(path: str | Path) -> tuple[dict[str, tuple[int, ...]], dict[str, Any]]:
+    """``({state_dict key: shape}, the non-tensor entries)`` of a checkpoint file or sharded folder, read without
+    loading its tensors (a file is memory-mapped; a folder's shapes come from its index, the rest from its meta.pt)."""
     path = Path(path)
     if is_sharded_checkpoint(path):
         from torch.distributed.checkpoint import FileSystemReader
@@ -41,10 +42,15 @@ def checkpoint_weights(path: str | Path) -> tuple[dict[str, tuple[int, ...]], Op
         entries = FileSystemReader(str(path)).read_metadata().state_dict_metadata
         shapes = {k[len("state_dict."):]: tuple(getattr(v, "size", ())) for k, v in entries.items()
                   if k.startswith("state_dict.")}
-        meta = torch.load(path / META, map_location="cpu", weights_only=False)
-        return shapes, meta.get("flowrl_method")
+        return shapes, torch.load(path / META, map_location="cpu", weights_only=False)
     checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=False)
-    return {k: tuple(v.shape) for k, v in checkpoint.get("state_dict", {}).items()}, checkpoint.get("flowrl_method")
+    return {k: tuple(v.shape) for k, v in checkpoint.get("state_dict", {}).items()}, checkpoint
+
+
+def checkpoint_weights(path: str | Path) -> tuple[dict[str, tuple[int, ...]], Optional[str]]:
+    """``({state_dict key: shape}, the method recorded or None)`` of a checkpoint (:func:`checkpoint_record`)."""
+    shapes, record = checkpoint_record(path)
+    return shapes, record.get("flowrl_method")
 
 
 def adapter_ranks(shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -85,14 +91,24 @@ def _listing(names) -> str:
     return ", ".join(sorted(names)) or "none"
 
 
+#: how to load a checkpoint that does not fit the config, by what the command does with it
+_FIXES = {"resume": "resume with the config it was trained with (the config.yaml beside it), or start a new run from "
+                    "its weights: `python -m flowrl export --ckpt CKPT --out DIR` writes its LoRA folder",
+          "predict": "leave --config out: predict reads the config.yaml beside the checkpoint",
+          "export": "leave --config out: export reads the config.yaml beside the checkpoint"}
+
+
 def checkpoint_fit_problems(ckpt: str, method: type, policy: Any, purpose: str) -> list[str]:
     """Problems loading checkpoint ``ckpt`` into ``method`` with the parsed ``policy`` config, for ``purpose``
     (``resume``, ``predict`` or ``export``); ``[]`` when it fits or the checkpoint cannot be read (its own check
     names that)."""
     try:
-        shapes, saved_by = checkpoint_weights(ckpt)
+        shapes, record = checkpoint_record(ckpt)
     except Exception:  # noqa: BLE001  missing, cut off, not a checkpoint: checkpoint_problems says which
         return []
+    saved_by = record.get("flowrl_method")
+    if family := family_problem(ckpt, shapes, record.get("flowrl_policy"), policy):
+        return [f"{family}. {_FIXES[purpose][0].upper()}{_FIXES[purpose][1:]}"]
     have, rank = adapter_ranks(shapes), expected_rank(policy)
     want = set() if rank is None else {"default", *getattr(method, "named_adapters", ())}
     if purpose == "export":  # export adds the checkpoint's other adapters itself: only the trained one must fit
@@ -109,10 +125,7 @@ def checkpoint_fit_problems(ckpt: str, method: type, policy: Any, purpose: str) 
     what = [f"missing: {_listing(missing)}" if missing else "", f"not its own: {_listing(extra)}" if extra else "",
             f"rank {have[wrong_rank[0]]} in the checkpoint, {rank} in model.init_args.policy.init_args.lora.rank"
             if wrong_rank else ""]
-    fix = {"resume": "resume with the config it was trained with (the config.yaml beside it), or start a new run "
-                     "from its weights: `python -m flowrl export --ckpt CKPT --out DIR` writes its LoRA folder",
-           "predict": "leave --config out: predict reads the config.yaml beside the checkpoint",
-           "export": "leave --config out: export reads the config.yaml beside the checkpoint"}[purpose]
+    fix = _FIXES[purpose]
     return [f"ckpt_path={ckpt!r} was written by {theirs} (LoRA adapters: {held}); the config's {method_path(method)} "
             f"needs {needs}: {'; '.join(w for w in what if w)}. {fix[0].upper()}{fix[1:]}"]
 
@@ -145,3 +158,20 @@ adapters old'
             f"checkpoint, {tuple(model[reshaped[0]])} here; a LoRA rank or model that differs)" if reshaped else ""]
     return (f"the checkpoint (written by {saved_by or 'a method it does not record'}) does not fit {loading_as}: "
             f"{'; '.join(w for w in what if w)}")
+
+
+def resume_step_problems(ckpt: str, max_steps: Any) -> list[str]:
+    """A resume from ``ckpt`` that would train nothing: the checkpoint's step is already ``trainer.max_steps`` or
+    more (resuming a finished run with its own command line). ``[]`` when ``max_steps`` sets no limit or the
+    checkpoint cannot be read (its own check names that)."""
+    if not isinstance(max_steps, int) or max_steps < 0:
+        return []
+    try:
+        step = checkpoint_record(ckpt)[1].get("global_step")
+    except Exception:  # noqa: BLE001  reported by checkpoint_problems
+        return []
+    if not isinstance(step, int) or step < max_steps:
+        return []
+    return [f"ckpt_path={ckpt!r} was saved at step {step} and trainer.max_steps={max_steps}: the resumed run would "
+            f"train nothing; raise trainer.max_steps above {step} (it counts from the first run's start) to train "
+            "on, or leave ckpt_path out to start a new run"]

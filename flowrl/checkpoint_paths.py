@@ -25,6 +25,27 @@ def run_checkpoint(path: Path) -> Optional[Path]:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
+def newest_run_checkpoint(roots: list[Path]) -> Optional[Path]:
+    """The checkpoint of the newest ``version_N`` under any of ``roots`` (a logger's ``save_dir/name``) that holds
+    one (:func:`run_checkpoint`); None when none does. What ``--ckpt_path last`` means: Lightning itself looks only in
+    the new run's own (empty) version folder.
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp()); (root / "version_0/checkpoints").mkdir(parents=True)
+    >>> (root / "version_0/checkpoints/last.ckpt").touch(); (root / "version_1").mkdir()
+    >>> newest_run_checkpoint([root]).relative_to(root).as_posix()
+    'version_0/checkpoints/last.ckpt'
+    """
+    found = []
+    for root in roots:
+        versions = [p for p in root.glob("version_*") if p.is_dir() and p.name[len("version_"):].isdigit()]
+        for folder in sorted(versions, key=lambda p: int(p.name[len("version_"):]), reverse=True):
+            if (ckpt := run_checkpoint(folder)) is not None:
+                found.append(ckpt)
+                break
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """``path``, or the checkpoint of the run folder it names (:func:`run_checkpoint`)."""
     path = Path(path).expanduser()

@@ -45,6 +45,7 @@ class TemporalConsistency(RewardCallback):
 
     default_name = "temporal_consistency"
     takes_clips = True
+    min_frames = 2  # neighbours to compare: the CLI refuses it on a policy of single images before loading
 
     def __init__(self, weight: float = 1.0, name: Optional[str] = None, batch_size: int = 16, size: int = 32,
                  frames: FrameSpec = "all"):

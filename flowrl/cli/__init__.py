@@ -37,12 +37,14 @@ from flowrl.callbacks.progress import RunProgressBar
 from flowrl.callbacks.run_header import RunHeader
 from flowrl.callbacks.sigterm_stop import SigtermStop
 from flowrl.cli.arguments import null_overrides_as_configs
-from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint
+from flowrl.checkpoint_paths import (EXAMPLE, checkpoint_problems, newest_run_checkpoint, resolve_checkpoint,
+                                     run_checkpoint)
 from flowrl.cli.config_checks import config_problems, predict_problems
-from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, release_unused, share_log_versions
+from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, log_roots, release_unused, share_log_versions
 from flowrl.cli.method_switch import method_switch
 from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
 from flowrl.cli.rendezvous import rendezvous_notice
+from flowrl.config_nodes import as_dict
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
 
@@ -88,6 +90,8 @@ class FlowRLCLI(LightningCLI):
         # LightningCLI reads the checkpoint's hyperparameters right after parsing, before any hook of ours: a 0-byte
         # or cut-off file would surface as torch's bare EOFError or zip error
         config = self.config.get(self.config.get("subcommand") or "", self.config)
+        if config.get("ckpt_path") == "last" and self.config.get("subcommand") == "fit":
+            config["ckpt_path"] = str(last_checkpoint(as_dict(config.get("trainer"))))
         if ckpt := config.get("ckpt_path"):
             if problems := checkpoint_problems(str(ckpt)):
                 raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
@@ -141,6 +145,28 @@ class FlowRLCLI(LightningCLI):
             folders = {Path(logger.log_dir) for logger in self.trainer.loggers if getattr(logger, "log_dir", None)}
             for folder in folders:  # runs/<name>/latest: the newest run, whatever its version number
                 link_latest(folder)
+
+
+def last_checkpoint(trainer: dict) -> Path:
+    """What ``fit --ckpt_path last`` resumes: the newest checkpoint in the run's earlier version folders (Lightning
+    would look only in this run's new, empty one, and train from step 0). Read before this run reserves its version.
+
+    Raises:
+        SystemExit: no version folder holds a checkpoint; names the folders looked in.
+    """
+    roots = log_roots(trainer)
+    # a ModelCheckpoint's own dirpath (outside the version folders) holds the run's checkpoints too
+    folders = [Path(str(d)).expanduser() for c in trainer.get("callbacks") or []
+               if (d := as_dict(as_dict(c).get("init_args")).get("dirpath"))]
+    found = [c for c in (newest_run_checkpoint(roots), *map(run_checkpoint, folders)) if c is not None]
+    found = max(found, key=lambda p: p.stat().st_mtime) if found else None
+    if found is None:
+        raise SystemExit("flowrl: invalid configuration:\n  ckpt_path=last: no checkpoint in any version folder of "
+                         f"{', '.join(map(str, [*roots, *folders])) or 'the loggers (none configured)'}; pass the "
+                         f"checkpoint's path (e.g. {EXAMPLE}) or run folder, or leave ckpt_path out to start a new run")
+    if launched_as_rank_zero():
+        print(f"flowrl: ckpt_path=last: loading {found}", flush=True)
+    return found
 
 
 def main(args: Optional[list[str]] = None) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from flowrl.checkpoint_fit import checkpoint_fit_problems
+from flowrl.checkpoint_fit import checkpoint_fit_problems, resume_step_problems
 from flowrl.checkpoint_paths import checkpoint_problems
+from flowrl.cli.reward_checks import reward_policy_problems
 from flowrl.config_nodes import as_dict, class_at, with_defaults
 from flowrl.data import GroupLayout, PromptDataModule, load_prompts
 from flowrl.methods.base import BaseModule
@@ -44,6 +45,7 @@ def config_problems(config: Any) -> list[str]:
     policy = as_dict(init_args.get("policy"))
     if isinstance(as_dict(policy.get("init_args")).get("model"), str):
         problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
+        problems += policy_problems(policy)
     trainer = as_dict(config.get("trainer"))
     world = world_size(trainer)
     data = with_defaults(PromptDataModule, config.get("data"))  # every data option, the declared default where unset
@@ -64,10 +66,21 @@ def config_problems(config: Any) -> list[str]:
                    if (repository / source).is_file() else "give a .txt/.jsonl file or a list of prompts")
             problems.append(f"data.{key}={source!r} does not exist (relative paths start at {Path.cwd()}); {fix}")
     if ckpt := config.get("ckpt_path"):
-        problems += checkpoint_problems(str(ckpt)) or checkpoint_fit_problems(str(ckpt), method,
-                                                                               init_args.get("policy"), "resume")
+        problems += checkpoint_problems(str(ckpt)) or [
+            *resume_step_problems(str(ckpt), trainer.get("max_steps", -1)),
+            *checkpoint_fit_problems(str(ckpt), method, init_args.get("policy"), "resume")]
     problems += config_record_problems(config)  # images the policy takes (an edit's sources) or does not
+    problems += reward_policy_problems(config)  # rewards that cannot score what the policy makes
     return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
+
+
+def policy_problems(policy: dict) -> list[str]:
+    """The policy's own settings against its model's config files (a video's size against Wan's latent grid), where
+    its class checks them from the config alone (``config_problems``): reported here, once, instead of from inside
+    its ``__init__`` through jsonargparse's dump of every type it tried."""
+    cls = class_at(policy.get("class_path"))
+    check = getattr(cls, "config_problems", None)
+    return check(with_defaults(cls, policy.get("init_args"))) if callable(check) else []
 
 
 def _count_prompts(source: Any) -> int:

@@ -113,3 +113,23 @@ def share_log_versions(loggers: Any, rank_zero: bool = True) -> dict[tuple[str, 
             chosen[key] = reserve_version(root) if rank_zero else max(existing_versions(root), default=-1) + 1
         init_args["version"] = chosen[key]
     return chosen
+
+
+def log_roots(trainer: Any) -> list[Path]:
+    """The ``save_dir/name`` folders the parsed ``trainer`` config's loggers keep their ``version_N`` runs in
+    (Lightning's default logger: ``default_root_dir/lightning_logs``).
+
+    >>> [p.as_posix() for p in log_roots({"default_root_dir": "runs", "logger": [{"class_path": "x", "init_args":
+    ...     {"save_dir": "runs", "name": "tiny"}}, {"class_path": "y", "init_args": {"save_dir": "out"}}]})]
+    ['runs/tiny', 'out/lightning_logs']
+    """
+    loggers = trainer.get("logger")
+    if loggers is None or loggers is True:
+        return [Path(str(trainer.get("default_root_dir") or ".")) / "lightning_logs"]
+    roots = []
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init_args = _init_args(logger)
+        if init_args is not None and init_args.get("save_dir") is not None:
+            name = init_args.get("name", "lightning_logs")
+            roots.append(Path(str(init_args["save_dir"])).expanduser() / str(name or ""))
+    return list(dict.fromkeys(roots))

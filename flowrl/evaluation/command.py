@@ -222,7 +222,7 @@ def trainer(opts: argparse.Namespace, callbacks: list):
 
 def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str) -> Optional[Path]:
     """Loads the models, generates and scores on every rank, and (rank zero) writes the report."""
-    from flowrl.evaluation.models import load_models
+    from flowrl.evaluation.models import ForeignLora, load_models
     from flowrl.evaluation.module import EvaluationProgressBar, Evaluator
 
     suite, metrics, seeds = found.suite, found.metrics, opts.seeds
@@ -233,7 +233,10 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
         print(f"flowrl evaluate: {' + '.join(names)} on {suite.name} ({len(suite)} prompts x {len(seeds)} seeds = "
               f"{len(suite) * len(seeds)} images per model), {found.num_steps} ODE steps, guidance "
               f"{found.guidance_scale:g} -> {out}", flush=True)
-    models = load_models(policy_spec(found.base), found.sources, found.base_lora)
+    try:
+        models = load_models(policy_spec(found.base), found.sources, found.base_lora)
+    except ForeignLora as err:  # one line naming both models, not peft's error
+        raise SystemExit(f"flowrl evaluate: {err}") from None
     evaluator = Evaluator(models, suite, seeds, found.num_steps, found.guidance_scale, found.prompts_per_batch,
                           features.name if features else None,
                           None if opts.no_images or out is None else str(out / "images"),

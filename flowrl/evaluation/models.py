@@ -90,12 +90,46 @@ def has_adapter_metadata(folder: Path) -> bool:
         return "lora_adapter_metadata" in (f.metadata() or {})
 
 
+class ForeignLora(ValueError):
+    """A LoRA folder whose weights adapt none of the base model's modules: a LoRA of another model family."""
+
+
+def foreign_lora(backbone: FlowPolicy, base_spec: dict, folder: Path) -> Optional[str]:
+    """Why ``folder``'s LoRA cannot sit on ``backbone`` (None: it can): none of the modules its files adapt is a
+    module of the base's denoiser. Read from the files' keys before peft loads them (peft would end in its bare
+    ``NoMatchingPeftModuleError``, or the adapter check in a list of keys, naming neither model)."""
+    from safetensors import safe_open
+
+    from flowrl.policies.export import lora_modules
+
+    prefix = getattr(backbone, "denoiser_name", "transformer") + "."
+    for name, module in lora_modules(backbone).items():
+        if not (folder / name).is_file():
+            continue
+        with safe_open(str(folder / name), framework="pt") as f:
+            adapted = sorted({k.removeprefix(prefix).split(".lora_A")[0] for k in f.keys() if ".lora_A" in k})
+        have = {n for n, _ in module.named_modules()}
+        if adapted and not any(m in have for m in adapted):
+            init_args = base_spec.get("init_args") or {}
+            return (f"the LoRA folder {folder} adapts modules the base model's denoiser has not (e.g. {adapted[0]}; "
+                    f"the base is {base_spec.get('class_path')} on {init_args.get('model')}): a LoRA of another "
+                    "model family; evaluate it against its own base model (--config with the config of the run that "
+                    "trained it)")
+    return None
+
+
 def add_folder(backbone: FlowPolicy, base_spec: dict, adapter: str, folder: Path) -> None:
     """A LoRA folder as the adapter ``adapter``: with its metadata's rank and alpha, or without metadata the base
-    config's LoRA options."""
+    config's LoRA options.
+
+    Raises:
+        ForeignLora: the folder's weights adapt none of the base's modules (:func:`foreign_lora`).
+    """
     from flowrl.policies.adapter_weights import load_adapter
     from flowrl.policies.export import load_lora
 
+    if (why := foreign_lora(backbone, base_spec, folder)) is not None:
+        raise ForeignLora(why)
     if has_adapter_metadata(folder):
         load_lora(backbone, folder, adapter)
     else:

@@ -149,6 +149,7 @@ class BaseModule(Trajectories):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["flowrl_loop"] = {**self.nonfinite.state_dict(), **self.untrained.state_dict()}
         checkpoint["flowrl_method"] = method_path(type(self))  # read before loading (checkpoint_fit)
+        checkpoint["flowrl_policy"] = method_path(type(self.policy))  # its family, read before loading too
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # before Lightning loads the weights (FSDP2 loads them earlier, in its strategy): one line, not torch's list of

@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from flowrl.methods.generation import Generation
 from flowrl.strategies.deepspeed import accumulating, deepspeed_engine, deepspeed_step
 from flowrl.strategies.fsdp2 import forward_is_collective, is_fsdp2
+from flowrl.training.rank_metrics import combine_ranks
 from flowrl.training.steps import TrainingSteps
 
 
@@ -49,6 +50,16 @@ class Distributed(Generation):
         rank = self.trainer.global_rank if len(sizes) > 1 else 0
         start = sum(sizes[:rank])
         return slice(start, start + sizes[rank])
+
+    def global_metrics(self, metrics: dict[str, float], pairs: int, rows: int) -> dict[str, float]:
+        """This rank's update ``metrics`` (means over its ``pairs`` trained pairs and ``rows`` samples) as the values of
+        the whole batch (:func:`~flowrl.training.rank_metrics.combine_ranks`; one collective). Ranks may return
+        different names (a rank without pairs has no ratio), so they are gathered as objects, not tensors."""
+        if self.trainer.world_size == 1:
+            return metrics
+        everyone: list = [None] * self.trainer.world_size
+        torch.distributed.all_gather_object(everyone, ({k: float(v) for k, v in metrics.items()}, pairs, rows))
+        return combine_ranks(everyone)
 
     # -- the training loop's side of an update -------------------------------------------------------------
 

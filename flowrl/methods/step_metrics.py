@@ -22,27 +22,30 @@ class StepMetrics(Distributed):
     def log_step(self, rollout: Rollout, batch: Batch, metrics: dict[str, float], sampling_s: float,
                  guided: bool) -> None:
         """The metrics every method logs, with the same names, then ``train/<key>`` of ``metrics``."""
-        size = rollout.batch_size
+        # read off the gathered batch (or reduced over ranks): metrics.csv holds rank zero's row, which must be the
+        # whole batch's value, as one process would log it
+        size, rows = rollout.batch_size, sum(batch.sizes) or rollout.batch_size
         log = lambda name, value, **kw: self.log(name, value, batch_size=size, **kw)  # noqa: E731
-        for name, scores in rollout.rewards.items():
+        for name, scores in batch.rewards.items():
             finite = torch.isfinite(scores)
-            log(f"train/reward/{name}", scores[finite].mean() if finite.any() else torch.nan, sync_dist=True)
+            log(f"train/reward/{name}", scores[finite].mean() if finite.any() else torch.nan)
             if not finite.all():
-                log(f"train/reward/{name}_nonfinite", (~finite).sum().float(), reduce_fx="sum", sync_dist=True)
-        total, valid = self.reward_set.total(rollout.rewards)[0], batch.mine(batch.valid)
-        log("train/reward/total", total[valid].mean() if valid.any() else torch.nan, prog_bar=True, sync_dist=True)
-        trained = batch.mine(batch.advantages)[rollout.train_mask]
+                log(f"train/reward/{name}_nonfinite", (~finite).sum().float())
+        total, valid = self.reward_set.total(batch.rewards)[0], batch.valid
+        log("train/reward/total", total[valid].mean() if valid.any() else torch.nan, prog_bar=True)
+        trained = batch.advantages[batch.trained]
         log("train/advantage/mean", trained.mean())
         log("train/advantage/std", trained.std() if trained.numel() > 1 else torch.zeros(()))
-        for key, value in metrics.items():
+        for key, value in self.global_metrics(metrics, int(rollout.train_mask.sum()), size).items():
             log(f"train/{key}", value)
-        nfe = float(rollout.nfe.sum()) / size  # mean model evaluations per row (a tree's leaf: its share)
+        nfe = float(batch.nfe.sum()) / rows  # mean model evaluations per row (a tree's leaf: its share)
         log("rollout/nfe", nfe)
         log("rollout/forward_passes", nfe * (2 if guided and self.guidance_scale != 1.0 else 1))  # a CFG pair: 2
         # the batch's model evaluations over every rank: the compute budget methods are compared at
         log("rollout/evaluations", rollout.nfe.sum().float() + self.unlogged_evaluations, reduce_fx="sum",
             sync_dist=True)
         self.unlogged_evaluations = 0.0
-        transitions = int(rollout.train_mask.sum())  # the batch's evaluations per transition the loss trains
-        log("rollout/nfe_per_trained_step", float(rollout.nfe.sum()) / transitions if transitions else float("nan"))
-        log("rollout/samples_per_s", size / max(sampling_s, 1e-9))
+        transitions = int(batch.trained.sum())  # the batch's evaluations per transition the loss trains
+        log("rollout/nfe_per_trained_step", float(batch.nfe.sum()) / transitions if transitions else float("nan"))
+        # the ranks sample side by side: the run's rate is the sum of theirs
+        log("rollout/samples_per_s", size / max(sampling_s, 1e-9), reduce_fx="sum", sync_dist=True)

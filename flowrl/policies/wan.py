@@ -37,7 +37,8 @@ from flowrl.policies.wan_schedule import TimestepTable, load_scheduler, schedule
 WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_k_proj", "add_v_proj")
 
 
-def video_size_problems(height: int, width: int, num_frames: int, spatial: int, temporal: int) -> list[str]:
+def video_size_problems(height: int, width: int, num_frames: int, spatial: int, temporal: int,
+                        key: str = "policy.") -> list[str]:
     """Sizes the latent grid cannot hold, each naming the key and a fix.
 
     >>> video_size_problems(480, 830, 80, 16, 4)  # doctest: +NORMALIZE_WHITESPACE
@@ -46,13 +47,13 @@ def video_size_problems(height: int, width: int, num_frames: int, spatial: int, 
       or 81']
     """
     problems = []
-    for key, value in (("height", height), ("width", width)):
+    for name, value in (("height", height), ("width", width)):
         if value <= 0 or value % spatial:
-            problems.append(f"policy.{key}={value} must be a positive multiple of {spatial} (VAE downsampling x "
+            problems.append(f"{key}{name}={value} must be a positive multiple of {spatial} (VAE downsampling x "
                             f"transformer patch size), e.g. {max(spatial, value // spatial * spatial)}")
     if num_frames < 1 or (num_frames - 1) % temporal:
         lower = max(1, (num_frames - 1) // temporal * temporal + 1)
-        problems.append(f"policy.num_frames={num_frames} must be 1 + a multiple of {temporal} (the VAE compresses "
+        problems.append(f"{key}num_frames={num_frames} must be 1 + a multiple of {temporal} (the VAE compresses "
                         f"{temporal} frames into one latent frame), e.g. {lower} or {lower + temporal}")
     return problems
 
@@ -80,6 +81,22 @@ class WanPolicy(PipelinePolicy):
 
     pipeline_class = WanPipeline
     default_lora_targets = WAN_LORA_TARGETS
+
+    @classmethod
+    def config_problems(cls, init_args: dict) -> list[str]:
+        """The video's size against the model's latent grid, from the model's config files alone: the CLI reports
+        these with the config's other problems before anything loads (``__init__`` checks them again for a policy
+        built in code). ``init_args``: every option, defaults filled in; ``[]`` for a model whose configs cannot be
+        read here (the model check names a missing one)."""
+        try:
+            path = resolve_model(init_args["model"])
+            patch = WanTransformer3DModel.load_config(path, subfolder="transformer", local_files_only=True)
+            vae = AutoencoderKLWan.load_config(path, subfolder="vae", local_files_only=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        spatial = vae.get("scale_factor_spatial", 8) * patch["patch_size"][1]
+        return video_size_problems(init_args["height"], init_args["width"], init_args["num_frames"], spatial,
+                                   vae.get("scale_factor_temporal", 4), key="model.init_args.policy.init_args.")
 
     def __init__(self, model: str = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), height: int = 240, width: int = 416,

@@ -4,6 +4,7 @@ another method resumed, predicted or exported (both methods and what is missing 
 ``predict``'s own bad options (``--seeds`` out of range, an ``--out`` that cannot be written)."""
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import torch
 from flowrl.cli import main
 from flowrl.cli.predict import predict_arguments
 from flowrl.policies.export import load_policy
-from tests.cli.test_fit import fit_args
+from tests.cli.test_fit import CONFIG as CONFIG_OF_TESTS
+from tests.cli.test_fit import fit_args, load_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = "/no/such/model/folder"  # where a config would load a model: never reached
@@ -144,3 +146,52 @@ def test_predict_arguments_for_a_sharded_run_folder_ask_for_one_process(tmp_path
     (run / "checkpoints/last.ckpt").rmdir()
     torch.save({}, run / "checkpoints/last.ckpt")  # a 1-file checkpoint: no sharding needed
     assert "--trainer.strategy=auto" in predict_arguments(["--ckpt_path", str(run), "--prompts", "a"])
+
+
+def resumable(tiny_model_dir, out: Path, *extra: str) -> list[str]:
+    """The fixture run's command line (its logger and checkpoints in ``out``), with ``extra``."""
+    return fit_args(tiny_model_dir, out, "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+                    f"--trainer.logger.save_dir={out}", "--trainer.callbacks+=lightning.pytorch.callbacks"
+                    ".ModelCheckpoint", "--trainer.callbacks.save_last=true", *extra)
+
+
+def test_ckpt_path_last_resumes_the_newest_version_or_is_refused(flow_grpo_run, tiny_model_dir, tmp_path, capsys):
+    shutil.copytree(flow_grpo_run, tmp_path / "lightning_logs/version_0")  # a run that stopped at step 1
+    (tmp_path / "lightning_logs/version_1").mkdir()  # a later run that saved nothing: skipped
+    main(resumable(tiny_model_dir, tmp_path, "--trainer.max_steps=2", "--ckpt_path=last"))
+    assert sorted(load_steps(tmp_path)) == ["step1_rank0"]  # resumed at step 1, not trained from step 0
+    assert f"loading {tmp_path}/lightning_logs/version_0/checkpoints/last.ckpt" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    message = fails(*resumable(tiny_model_dir, empty, "--ckpt_path=last"))
+    assert f"ckpt_path=last: no checkpoint in any version folder of {empty / 'lightning_logs'}" in message, message
+    assert not load_steps(empty)  # refused before training
+
+
+def test_a_resume_that_would_train_nothing_is_refused_before_loading(flow_grpo_run, tiny_model_dir, tmp_path):
+    ckpt = flow_grpo_run / "checkpoints/last.ckpt"  # saved at step 1: resumed with the finished run's own max_steps
+    message = fails(*resumable(tiny_model_dir, tmp_path, "--trainer.max_steps=1", f"--ckpt_path={ckpt}",
+                               f"--model.init_args.policy.init_args.model={MISSING}"))  # refused before any load
+    assert (f"ckpt_path='{ckpt}' was saved at step 1 and trainer.max_steps=1: the resumed run would train nothing; "
+            "raise trainer.max_steps above 1") in message, message
+
+
+def test_a_checkpoint_of_another_policy_family_is_named_before_loading(flow_grpo_run, tiny_model_dir, tmp_path):
+    saved = torch.load(flow_grpo_run / "checkpoints/last.ckpt", weights_only=False)
+    # recorded as another family's (the adapters' names and ranks are the same: the old check passed it)
+    torch.save({**saved, "flowrl_policy": "flowrl.policies.SD3Policy"}, tmp_path / "sd3.ckpt")
+    # an older checkpoint, recording nothing, whose LoRA sits on modules the tiny policy's targets do not name
+    renamed = {k.replace(".attn.", ".attention."): v for k, v in saved["state_dict"].items()}
+    torch.save({**{k: v for k, v in saved.items() if k != "flowrl_policy"}, "state_dict": renamed},
+               tmp_path / "other.ckpt")
+    sd3 = fails(*resumable(tiny_model_dir, tmp_path, "--trainer.max_steps=2", f"--ckpt_path={tmp_path}/sd3.ckpt"))
+    assert (f"ckpt_path='{tmp_path}/sd3.ckpt' holds the weights of a flowrl.policies.SD3Policy policy (recorded in "
+            "the checkpoint); the config builds flowrl.policies.TinyFlowPolicy") in sd3, sd3
+    assert "resume with the config it was trained with" in sd3.lower()
+    predicted = fails("predict", "--ckpt_path", f"{tmp_path}/sd3.ckpt", "--config", CONFIG_OF_TESTS, "--prompts", "a",
+                      f"--model.init_args.policy.init_args.model={tiny_model_dir}")
+    assert "holds the weights of a flowrl.policies.SD3Policy policy" in predicted, predicted
+    other = fails(*resumable(tiny_model_dir, tmp_path, "--trainer.max_steps=2", f"--ckpt_path={tmp_path}/other.ckpt"))
+    assert "that the config's flowrl.policies.TinyFlowPolicy LoRA targets (attn.to_q, " in other, other
+    assert ".attention.add_k_proj: a checkpoint of another model family or of other lora.target_modules" in other
+    assert not load_steps(tmp_path)
+    assert saved["flowrl_policy"] == "flowrl.policies.tiny.TinyFlowPolicy"  # every checkpoint records its policy

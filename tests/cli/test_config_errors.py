@@ -140,3 +140,16 @@ def test_a_second_node_that_never_comes_is_announced_once(tmp_path):
     assert len(notices) == 1, "".join(seen)[-3000:]
     assert f"for 2 nodes x 1 process (world size 2) to join at 127.0.0.1:{port}" in notices[0]
     assert "NODE_RANK=1 " in notices[0] and "gives up after 0:30:00" in notices[0]
+
+
+def test_rewards_that_cannot_score_the_policys_images_fail_before_loading(tmp_path):
+    # an edit reward, a reward of clips and a reward whose model folder is missing, on the tiny text-to-image policy
+    message = fails("--trainer.callbacks+=flowrl.rewards.EditConsistency",
+                    "--trainer.callbacks+=flowrl.rewards.TemporalConsistency",
+                    "--trainer.callbacks+=flowrl.rewards.PickScore", f"--trainer.callbacks.model={tmp_path}/no_model")
+    assert ("trainer.callbacks: EditConsistency compares each sample with its prompt record's source image, but "
+            "TinyFlowPolicy makes images from text alone; train an editing policy") in message, message
+    assert ("trainer.callbacks: TemporalConsistency compares frames of a clip (at least 2), but TinyFlowPolicy "
+            "makes single images; use it with a video policy") in message, message
+    assert (f"trainer.callbacks: PickScore model='{tmp_path}/no_model': model path '{tmp_path}/no_model' does not "
+            "exist") in message, message

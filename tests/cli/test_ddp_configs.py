@@ -3,6 +3,8 @@ prints the validation and training numbers of a 1-process run: the sample grids 
 every collective, the validation mean is reduced over the ranks, and the minibatches are drawn over the whole
 batch. Each run is a real ``python -m flowrl fit`` subprocess with a timeout, so a hang fails instead of stalling."""
 
+import csv
+import math
 import os
 import re
 import subprocess
@@ -80,6 +82,27 @@ def two_nodes(config: str, out: Path, strategy: str) -> list[subprocess.Popen]:
             for rank in (0, 1)]
 
 
+#: what each process measures of its own (wall-clock throughput): the only logged columns a 2-process run may differ in
+PER_PROCESS = {"rollout/samples_per_s"}
+
+
+def logged(out: Path) -> dict[tuple[str, str], float]:
+    """``{(step, column): value}`` of every train/ and rollout/ value in the run's metrics.csv."""
+    (metrics,) = out.glob("*/version_0/metrics.csv")
+    with metrics.open() as f:
+        return {(row["step"], key): float(value) for row in csv.DictReader(f) for key, value in row.items()
+                if key.startswith(("train/", "rollout/")) and key not in PER_PROCESS and value != ""}
+
+
+def assert_same_metrics(one: Path, two: Path) -> None:
+    """metrics.csv of the 2-process run holds the 1-process run's values: global, not rank zero's own."""
+    first, second = logged(one), logged(two)
+    assert first.keys() == second.keys()
+    differ = {k: (first[k], second[k]) for k in first if not math.isclose(first[k], second[k], rel_tol=1e-4,
+                                                                            abs_tol=1e-5)}
+    assert not differ, differ
+
+
 # the methods whose own tests already run 2 DDP processes against 1 per sample (test_dense_grpo, test_tp_grpo,
 # test_tree_methods) run here in the slow suite only; the quickstart is tiny_flow_grpo at other sizes
 OWN_DDP_TEST = {"quickstart.yaml", "tiny_dense_grpo.yaml", "tiny_tp_grpo.yaml", "tiny_tempflow_grpo.yaml",
@@ -92,6 +115,7 @@ def test_two_ddp_processes_print_the_numbers_of_one(config, tmp_path, capsys, mo
     one = one_process(config, tmp_path / "one", capsys, monkeypatch)
     two = summary(fit(config, tmp_path / "two", "--trainer.devices=2", "--trainer.strategy=ddp"))
     assert two == one
+    assert_same_metrics(tmp_path / "one", tmp_path / "two")
     # rank zero wrote the grid and the checkpoint into the run's one folder
     (folder,) = (tmp_path / "two").glob("*/version_0")
     assert list((folder / "samples").glob("step_*.png")) and (folder / "checkpoints" / "last.ckpt").is_file()

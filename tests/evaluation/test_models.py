@@ -111,3 +111,27 @@ def test_a_base_that_carries_a_lora_draws_with_it(tmp_path, monkeypatch):
     assert torch.equal(written, expected)
     with pytest.raises(SystemExit, match="--base_lora flowrl/nothing: embedded model 'flowrl/nothing' is not shipped"):
         main(["evaluate", "--config", "configs/tiny_tdm_r1.yaml", "--base_lora", "flowrl/nothing"])
+
+
+def test_a_lora_folder_of_another_family_is_named_before_it_loads(tmp_path, monkeypatch):
+    from diffusers import StableDiffusion3Pipeline
+
+    monkeypatch.chdir(ROOT)
+    policy = TinyFlowPolicy(lora=LoraOptions(rank=4, alpha=16))
+    # another family's names for the same layers (Wan's attention is attn1): none is a module of the tiny denoiser
+    layers = {k.replace(".attn.", ".attn1."): v
+              for k, v in get_peft_model_state_dict(policy.denoiser, adapter_name="default").items()}
+    metadata = policy.denoiser.peft_config["default"].to_dict()
+    metadata["target_modules"] = sorted(t.replace("attn.", "attn1.") for t in metadata["target_modules"])
+    StableDiffusion3Pipeline.save_lora_weights(tmp_path / "other", transformer_lora_layers=layers,
+                                               transformer_lora_adapter_metadata=metadata)
+    suite = tmp_path / "suite.txt"
+    suite.write_text(PROMPTS[0] + "\n")
+    with pytest.raises(SystemExit) as err:  # was peft's bare NoMatchingPeftModuleError
+        main(["evaluate", "--config", "configs/quickstart.yaml", "--ckpt_path", f"other={tmp_path / 'other'}",
+              "--suite", str(suite), "--seeds", "0",
+              "--num_steps", "2", "--out", str(tmp_path / "report"), "--accelerator", "cpu"])
+    message = str(err.value)
+    assert message.startswith(f"flowrl evaluate: the LoRA folder {tmp_path / 'other'} adapts modules the base "
+                              "model's denoiser has not (e.g. transformer_blocks.0.attn1."), message
+    assert "the base is flowrl.policies.TinyFlowPolicy on " in message and "a LoRA of another model family" in message

@@ -146,3 +146,15 @@ def test_the_docs_worked_example_runs(wan_dirs, tmp_path):
     assert metrics["train/check_ratio_max_dev"] < 1e-5 and 0 < metrics["train/reward/temporal_consistency"] < 1
     assert sorted(p.name for p in next(tmp_path.rglob("samples")).iterdir()) == [
         "step_000000.gif", "step_000000.png", "step_000001.gif", "step_000001.png"]
+
+
+def test_video_sizes_the_model_cannot_hold_are_reported_once_before_loading(wan_dirs, tmp_path, refuse_weights):
+    with pytest.raises(SystemExit) as err:
+        main(["fit", "--config", str(ROOT / "configs/wan21_flow_grpo.yaml"), "--data.prompts=[a red cat, a blue dog]",
+              f"--model.init_args.policy.init_args.model={wan_dirs['wan21']}", f"--trainer.default_root_dir={tmp_path}",
+              "--model.init_args.policy.init_args.num_frames=8", "--model.init_args.policy.init_args.height=40"])
+    message = str(err.value)  # the CLI's list of problems: not a traceback, nor jsonargparse's dump of every type
+    assert message.startswith("flowrl: invalid configuration:"), message
+    assert message.count("model.init_args.policy.init_args.num_frames=8 must be 1 + a multiple of 4 (the VAE "
+                         "compresses 4 frames into one latent frame), e.g. 5 or 9") == 1, message
+    assert "model.init_args.policy.init_args.height=40 must be a positive multiple of 16" in message, message
