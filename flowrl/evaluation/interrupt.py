@@ -6,8 +6,9 @@ rank zero removes the report files an earlier evaluation left in ``--out`` (nami
 
 SIGTERM (a scheduler's stop-then-kill): Lightning's handler sets ``trainer.received_sigterm`` in ``predict`` too, but
 its predict loop never reads it, so the run went on to its end and exited 0. :class:`StopOnSigterm` says at once
-that it stops (rank zero, once), stops after the current batch, and :func:`flowrl.evaluation.command.run` exits 143,
-as ``fit`` does (:class:`flowrl.callbacks.SigtermStop`).
+that it stops (rank zero, once); the :class:`~flowrl.evaluation.module.Evaluator` stops after the current batch (one
+decision shared by every rank) and :func:`flowrl.evaluation.command.run` exits 143, as ``fit`` does
+(:class:`flowrl.callbacks.SigtermStop`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 INCOMPLETE = "INCOMPLETE"
 #: what :func:`flowrl.evaluation.report.write_report` writes (the images are redrawn under ``images/``)
@@ -44,7 +44,7 @@ def mark_complete(out: Path) -> None:
 
 
 class StopOnSigterm(Callback):
-    """Stops ``trainer.predict`` after the batch in progress when a SIGTERM arrives, saying so at once."""
+    """Says at once, on rank zero, that a SIGTERM stops ``evaluate`` after the batch in progress."""
 
     def __init__(self, out: Any):
         self.out, self.trainer, self.previous, self.announced = out, None, None, False
@@ -70,6 +70,3 @@ class StopOnSigterm(Callback):
         line = f"\nflowrl evaluate: SIGTERM received: stopping after the current batch{where}; exit status 143\n"
         os.write(sys.stdout.fileno(), line.encode())  # not print: a handler may interrupt a print to this stream
 
-    def on_predict_batch_end(self, trainer, *args: Any) -> None:
-        if trainer.received_sigterm:
-            raise SIGTERMException

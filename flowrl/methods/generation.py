@@ -118,21 +118,21 @@ class Generation(LightningModule):
         self.policy.eval()
         shown = progress is not None and self.trainer.is_global_zero
         bar = tqdm(batches, desc=progress, disable=not shown, leave=False, file=sys.stdout, dynamic_ncols=True)
-        shared = self._fewest_batches(len(batches))
+        shared = self.fewest_batches(len(batches))
         tallies = []
         try:
             for i, batch in enumerate(bar):
                 tallies.append(self._tally(batch))
-                if i < shared - 1 and self._sigterm_anywhere():  # every rank holds the next batch: stop together
+                if i < shared - 1 and self.sigterm_anywhere():  # every rank holds the next batch: stop together
                     raise SIGTERMException
-            if self._sigterm_anywhere():  # before the means and whatever follows (a training batch)
+            if self.sigterm_anywhere():  # before the means and whatever follows (a training batch)
                 raise SIGTERMException
         finally:
             bar.close()
             self.policy.train(was_training)
         return self._reduced_means(tallies)
 
-    def _fewest_batches(self, count: int) -> int:
+    def fewest_batches(self, count: int) -> int:
         """The fewest batches any rank holds (one collective): the stop decisions until then are shared, the same
         number on every rank."""
         if self.trainer.world_size == 1:
@@ -140,7 +140,7 @@ class Generation(LightningModule):
         fewest = self.trainer.strategy.reduce(torch.tensor(float(count), device=self.device), reduce_op="min")
         return int(fewest)
 
-    def _sigterm_anywhere(self) -> bool:
+    def sigterm_anywhere(self) -> bool:
         """Whether any rank got a SIGTERM (a collective on several ranks: call it on every rank)."""
         flag = float(self.trainer.received_sigterm)
         if self.trainer.world_size == 1:
