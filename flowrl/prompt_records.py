@@ -227,8 +227,17 @@ class RecordImages:
         return RecordImages(records) if any(r.images for r in records) else None
 
     def __call__(self, prompt_ids: Sequence[int]) -> list[list[Tensor]]:
-        loaded = {i: [load_image(p) for p in self.records[i].images] for i in dict.fromkeys(prompt_ids)}
+        loaded = {i: [self._load(self.records[i], p) for p in self.records[i].images]
+                  for i in dict.fromkeys(prompt_ids)}
         return [loaded[i] for i in prompt_ids]
+
+    @staticmethod
+    def _load(record: PromptRecord, path: Path) -> Tensor:
+        try:
+            return load_image(path)
+        except OSError as err:  # checked before loading; changed since (a sync, an edit): name it, not a bare OSError
+            raise OSError(f"{record.source} line {record.line}: image {str(path)!r} cannot be read ({err}); it was "
+                          "readable when the run started: restore or re-save it and resume") from err
 
     def collating(self, collate: Callable[[list[dict]], dict], seeds_per_prompt: int) -> Callable[[list[dict]], dict]:
         """``collate`` of predict rows (``{"row": r, ...}``, prompt ``r // seeds_per_prompt``) with their images."""

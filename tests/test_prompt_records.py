@@ -195,3 +195,12 @@ def test_a_source_that_cannot_be_decoded_is_named_before_loading_not_at_its_batc
     assert f"line 3: image '{tmp_path / 'sliver.png'}' is 2 x 40 px; a source needs at least 16 px" in problems[1]
     assert f"line 4: image '{tmp_path / 'bomb.png'}' is too large to decode safely" in problems[2]
     assert "re-save it smaller" in problems[2]
+
+
+def test_a_source_broken_after_the_check_is_named_at_its_batch(records_file, tmp_path):
+    data = PromptDataModule(records_file, group_size=2, num_groups=3)
+    data.setup("fit")
+    (tmp_path / "frames/b.png").write_bytes((tmp_path / "frames/b.png").read_bytes()[:60])  # cut off after the check (lines 2, 3)
+    with pytest.raises(OSError, match=rf"{records_file} line [23]: image '{tmp_path / 'frames/b.png'}' cannot be read "
+                                      r"\(.*\); it was readable when the run started"):
+        next(iter(data.train_dataloader()))
