@@ -200,7 +200,8 @@ def test_a_source_that_cannot_be_decoded_is_named_before_loading_not_at_its_batc
 def test_a_source_broken_after_the_check_is_named_at_its_batch(records_file, tmp_path):
     data = PromptDataModule(records_file, group_size=2, num_groups=3)
     data.setup("fit")
-    (tmp_path / "frames/b.png").write_bytes((tmp_path / "frames/b.png").read_bytes()[:60])  # cut off after the check (lines 2, 3)
+    cut = (tmp_path / "frames/b.png").read_bytes()[:60]
+    (tmp_path / "frames/b.png").write_bytes(cut)  # cut off after the check (the image of lines 2 and 3)
     with pytest.raises(OSError, match=rf"{records_file} line [23]: image '{tmp_path / 'frames/b.png'}' cannot be read "
                                       r"\(.*\); it was readable when the run started"):
         next(iter(data.train_dataloader()))

@@ -54,7 +54,8 @@ def exported_entries(folder: Path, pipeline: bool) -> list[Path]:
 def staged(out: str | Path, keep: tuple[str, ...] = (), pipeline: bool = False) -> Iterator[Path]:
     """A fresh folder to write an export into; on success its entries replace ``out``'s, and what an earlier export
     left in ``out`` that this one did not write is removed and named (``keep``: names a later step of the same
-    command writes; ``pipeline``: this export is a whole pipeline). On an error ``out`` is untouched and the staging folder removed.
+    command writes; ``pipeline``: this export is a whole pipeline). On an error ``out`` is untouched and the staging
+    folder removed.
 
     Raises:
         ValueError: ``out`` is a file or cannot be written.

@@ -38,7 +38,8 @@ def test_sigterm_stops_after_the_batch_exits_143_and_leaves_no_stale_report(untr
     out.mkdir()
     for name in OLD_REPORT:  # an earlier evaluation's report, naming another checkpoint
         (out / name).write_text("an earlier evaluation of another checkpoint")
-    args = ["evaluate", "--config", "tests/evaluation/fit_brightness.yaml", "--ckpt_path", f"untrained={untrained_lora}",
+    args = ["evaluate", "--config", "tests/evaluation/fit_brightness.yaml",
+            "--ckpt_path", f"untrained={untrained_lora}",
             "--suite", str(suite16), "--seeds", *map(str, SEEDS), "--num_steps", str(STEPS), "--batch_size", "2",
             "--out", str(out), "--resamples", "100", "--accelerator", "cpu"]  # 16 batches of one prompt
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
