@@ -91,15 +91,16 @@ class Evaluator(Generation):
         self.grid_images: dict[tuple, np.ndarray] = {}  # (model, prompt index, seed) -> [H, W, 3] uint8
 
     def predict_dataloader(self) -> EvalLoader:
-        batches = evaluation_batches(len(self.suite), self.seeds, self.prompts_per_batch, self.trainer.global_rank,
-                                     self.trainer.world_size)
-        self.own_batches = len(batches)
-        return EvalLoader(batches)
+        return EvalLoader(evaluation_batches(len(self.suite), self.seeds, self.prompts_per_batch,
+                                             self.trainer.global_rank, self.trainer.world_size))
 
     def on_predict_start(self) -> None:
         # every rank writes its own rows' images into rank zero's folder (a rank launched later may name another)
         self.image_dir = self.trainer.strategy.broadcast(self.image_dir)
-        self.shared_batches = self.fewest_batches(self.own_batches)
+        # the last rank holds the fewest batches (rank r takes batches b % world_size == r): known without asking
+        world = self.trainer.world_size
+        self.shared_batches = len(evaluation_batches(len(self.suite), self.seeds, self.prompts_per_batch, world - 1,
+                                                     world))
 
     def on_predict_batch_end(self, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         # a SIGTERM stops every rank after the same batch (Lightning's predict loop never reads its flag); a rank

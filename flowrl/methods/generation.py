@@ -141,11 +141,15 @@ class Generation(LightningModule):
         return int(fewest)
 
     def sigterm_anywhere(self) -> bool:
-        """Whether any rank got a SIGTERM (a collective on several ranks: call it on every rank)."""
-        flag = float(self.trainer.received_sigterm)
-        if self.trainer.world_size == 1:
-            return bool(flag)
-        return bool(self.trainer.strategy.reduce(torch.tensor(flag, device=self.device), reduce_op="max") > 0)
+        """Rank zero's SIGTERM flag, on every rank (call it on every rank). The collective is the one Lightning's
+        own SIGTERM handler makes on each rank (a broadcast of one number from rank zero, as its training loop's
+        ``_broadcast_sigterm_tensor``), so a handler's broadcast on one rank pairs with this one on another; an
+        all-reduce here met the handler's broadcast and broke the process group. Rank zero, Lightning's launcher,
+        passes the signal on to the other processes."""
+        flag = torch.tensor([int(self.trainer.received_sigterm)], device=self.trainer.strategy.root_device)
+        if self.trainer.world_size > 1:
+            torch.distributed.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """The images :meth:`generate` draws for ``batch["prompts"]`` from ``batch["seeds"]`` (deterministic ODE,

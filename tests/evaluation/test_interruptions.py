@@ -33,7 +33,9 @@ def test_more_processes_than_batches_is_refused_before_any_weight_loads(tmp_path
     assert not (tmp_path / "out").exists()
 
 
-def test_sigterm_stops_after_the_batch_exits_143_and_leaves_no_stale_report(untrained_lora, suite16, tmp_path):
+@pytest.mark.parametrize("devices", ["1", "2"])  # 2: DDP, where a first version broke the process group
+def test_sigterm_stops_after_the_batch_exits_143_and_leaves_no_stale_report(devices, untrained_lora, suite16,
+                                                                            tmp_path):
     out = tmp_path / "report"
     out.mkdir()
     for name in OLD_REPORT:  # an earlier evaluation's report, naming another checkpoint
@@ -41,7 +43,8 @@ def test_sigterm_stops_after_the_batch_exits_143_and_leaves_no_stale_report(untr
     args = ["evaluate", "--config", "tests/evaluation/fit_brightness.yaml",
             "--ckpt_path", f"untrained={untrained_lora}",
             "--suite", str(suite16), "--seeds", *map(str, SEEDS), "--num_steps", str(STEPS), "--batch_size", "2",
-            "--out", str(out), "--resamples", "100", "--accelerator", "cpu"]  # 16 batches of one prompt
+            "--out", str(out), "--resamples", "100", "--accelerator", "cpu",
+            "--devices", devices]  # 16 batches of one prompt
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
