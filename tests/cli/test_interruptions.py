@@ -98,7 +98,8 @@ def test_sigterm_during_the_validation_before_training_stops_at_its_next_batch(t
         proc.kill()
         pytest.fail("the run did not stop within 120 s of SIGTERM")
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
-    assert out.count("flowrl: SIGTERM received: stopping after the current batch (at global step 0 now)") == 1
+    assert out.count("flowrl: SIGTERM received: stopping after the current batch (at global step 0 now), then "
+                     "saving no checkpoint (nothing is trained yet)") == 1, out[-3000:]
     assert "flowrl run summary (stopped by SIGTERM at global step 0" in out, out[-3000:]
     assert "at the start (not evaluated at the stop)" not in out  # the validation did not run to its end
     assert not list((tmp_path / "run" / "dump").glob("step*.pt"))  # and no training batch followed it
