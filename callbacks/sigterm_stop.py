@@ -56,9 +56,12 @@ class SigtermStop(Callback):
         self.announced = True
         dirs = sorted({str(c.dirpath) for c in trainer.checkpoint_callbacks if c.dirpath})
         where = f" to {', '.join(dirs)}" if dirs else ""
+        # at step 0 (the validation before training) ModelCheckpoint saves nothing: there is nothing to resume
+        save = (f"saving a checkpoint{where}" if trainer.global_step else "saving no checkpoint (nothing is trained "
+                "yet)")
         line = (f"\nflowrl: SIGTERM received: stopping after the current batch (at global step "
-                f"{trainer.global_step} now), then saving a checkpoint{where} and printing the run summary; the "
-                f"process exits with status 143\n")
+                f"{trainer.global_step} now), then {save} and printing the run summary; the process exits with "
+                f"status 143\n")
         # os.write, not print: a signal handler may run in the middle of a print to the same stream
         os.write(sys.stdout.fileno(), line.encode())
 

@@ -81,12 +81,23 @@ def _parse_line(text: str, number: int, path: Path) -> Union[PromptRecord, str]:
 
 
 def load_image(path: Union[str, Path]) -> Tensor:
-    """An image file as ``[3, H, W]`` float32 in ``[0, 1]`` (EXIF orientation applied, RGB, as ``load_image``)."""
+    """An image file as ``[3, H, W]`` float32 in ``[0, 1]`` (EXIF orientation applied, RGB, as ``load_image``).
+
+    High-bit grayscale is scaled, not clipped (Pillow's ``convert("RGB")`` clips every value above 255 to white):
+    16-bit modes (``I;16``, ``I;16B``, and ``I``, Pillow's 32-bit integer mode that holds 16-bit PNGs on some
+    versions) are divided by 65535, ``F`` (32-bit float) is taken as values in ``[0, 1]`` (as torchvision reads a
+    float image); both are clipped to ``[0, 1]``. Every other mode is converted as the pipelines convert it.
+    """
     import numpy as np
     from PIL import Image, ImageOps
 
     with Image.open(path) as image:
-        pixels = np.asarray(ImageOps.exif_transpose(image).convert("RGB"), dtype=np.uint8)
+        image = ImageOps.exif_transpose(image)
+        if image.mode.startswith("I") or image.mode == "F":
+            scale = 1.0 if image.mode == "F" else 65535.0
+            gray = np.clip(np.asarray(image, dtype=np.float64) / scale, 0.0, 1.0).astype(np.float32)
+            return torch.from_numpy(gray.copy())[None].expand(3, -1, -1).contiguous()
+        pixels = np.asarray(image.convert("RGB"), dtype=np.uint8)
     return torch.from_numpy(pixels.copy()).permute(2, 0, 1).float() / 255
 
 
@@ -108,16 +119,32 @@ def count_problem(count: int, conditioning_images: int, policy: str) -> Optional
     return f"has {count} images; {policy} takes exactly {conditioning_images} per prompt"
 
 
+#: the smallest side a source image may have: the VAE's 8x downscale with 2x2 patches, the unit every policy's
+#: resize rounds to (a 2-pixel sliver would be resized to a side of 0, or to tens of thousands of pixels)
+MIN_SIDE = 16
+
+
 def _image_problem(image: Path) -> Optional[str]:
+    """Why ``image`` cannot be a source, found by decoding every pixel as training will (``verify()`` alone reads
+    headers and checksums: a cut-off JPEG or a corrupt stream would pass it and fail hours in)."""
     from PIL import Image, UnidentifiedImageError
 
     if not image.is_file():
         return f"image {str(image)!r} does not exist (paths are relative to the .jsonl file's folder)"
     try:
         with Image.open(image) as opened:
-            opened.verify()  # headers and (PNG) checksums, without decoding every pixel
+            opened.verify()  # headers and (PNG) checksums
+        with Image.open(image) as opened:
+            opened.load()  # every pixel, as the data module will decode it
+            size = opened.size
+    except Image.DecompressionBombError as err:
+        return (f"image {str(image)!r} is too large to decode safely ({err}); re-save it smaller (the policy resizes "
+                "sources anyway)")
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         return f"image {str(image)!r} cannot be read as an image ({err}); re-save it as PNG or JPEG"
+    if min(size) < MIN_SIDE:
+        return (f"image {str(image)!r} is {size[0]} x {size[1]} px; a source needs at least {MIN_SIDE} px on each "
+                "side (the VAE's 8x downscale with 2x2 patches); re-save it larger")
     return None
 
 
@@ -200,8 +227,17 @@ class RecordImages:
         return RecordImages(records) if any(r.images for r in records) else None
 
     def __call__(self, prompt_ids: Sequence[int]) -> list[list[Tensor]]:
-        loaded = {i: [load_image(p) for p in self.records[i].images] for i in dict.fromkeys(prompt_ids)}
+        loaded = {i: [self._load(self.records[i], p) for p in self.records[i].images]
+                  for i in dict.fromkeys(prompt_ids)}
         return [loaded[i] for i in prompt_ids]
+
+    @staticmethod
+    def _load(record: PromptRecord, path: Path) -> Tensor:
+        try:
+            return load_image(path)
+        except OSError as err:  # checked before loading; changed since (a sync, an edit): name it, not a bare OSError
+            raise OSError(f"{record.source} line {record.line}: image {str(path)!r} cannot be read ({err}); it was "
+                          "readable when the run started: restore or re-save it and resume") from err
 
     def collating(self, collate: Callable[[list[dict]], dict], seeds_per_prompt: int) -> Callable[[list[dict]], dict]:
         """``collate`` of predict rows (``{"row": r, ...}``, prompt ``r // seeds_per_prompt``) with their images."""

@@ -15,7 +15,7 @@ from flowrl.prompt_records import (PromptRecord, config_record_problems, load_im
                                    prompt_record_problems, record_problems)
 
 
-def png(path: Path, value: int, size=(6, 4)) -> Path:
+def png(path: Path, value: int, size=(24, 16)) -> Path:
     """A solid RGB image whose pixels are ``value`` (red), ``value // 2`` (green), 0 (blue)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     array = np.zeros((size[1], size[0], 3), dtype=np.uint8)
@@ -43,7 +43,7 @@ def test_records_resolve_paths_from_the_files_folder_and_images_load_in_0_1(tmp_
     assert records[0] == PromptRecord("cat turns", (tmp_path / "frames/a.png",), 1, records_file)
     assert [r.line for r in records] == [1, 2, 3]
     image = load_image(records[0].images[0])
-    assert image.shape == (3, 4, 6) and image.dtype == torch.float32
+    assert image.shape == (3, 16, 24) and image.dtype == torch.float32
     assert torch.allclose(image[:, 0, 0], torch.tensor([200 / 255, 100 / 255, 0.0]))
     assert load_records(["a", "b"]) == [PromptRecord("a"), PromptRecord("b")]
 
@@ -151,3 +151,57 @@ def test_the_data_module_checks_records_against_the_policy_at_setup(tmp_path):
                                    global_rank=0)
     with pytest.raises(ValueError, match=r"invalid prompt records:\n  data.prompts=.* line 1: image .* does not exist"):
         data.setup("fit")
+
+
+def test_high_bit_and_palette_sources_read_as_their_pixels_not_clipped_to_white(tmp_path):
+    grey = np.full((4, 6), 20000, np.uint16)  # mid-grey in 16 bits: convert("RGB") clipped it to 255 (white)
+    Image.fromarray(grey).save(tmp_path / "i16.png")
+    big_endian = Image.new("I;16B", (6, 4))
+    big_endian.frombytes(grey.astype(">u2").tobytes())
+    big_endian.save(tmp_path / "i16b.tif")
+    Image.fromarray(grey.astype(np.int32)).save(tmp_path / "i32.tif")
+    Image.fromarray(np.full((4, 6), 0.25, np.float32)).save(tmp_path / "f.tif")
+    alpha = np.stack([np.full((4, 6), 100, np.uint8), np.full((4, 6), 50, np.uint8)], -1)
+    Image.fromarray(alpha, "LA").save(tmp_path / "la.png")
+    palette = Image.new("P", (6, 4))
+    palette.putpalette([10, 20, 30, 200, 100, 50])
+    palette.save(tmp_path / "p.png", transparency=0)
+    modes = {name: Image.open(tmp_path / name).mode for name in ("i16.png", "i16b.tif", "i32.tif", "f.tif")}
+    assert modes == {"i16.png": "I;16", "i16b.tif": "I;16B", "i32.tif": "I", "f.tif": "F"}
+    want = {"i16.png": [20000 / 65535] * 3, "i16b.tif": [20000 / 65535] * 3, "i32.tif": [20000 / 65535] * 3,
+            "f.tif": [0.25] * 3, "la.png": [100 / 255] * 3, "p.png": [10 / 255, 20 / 255, 30 / 255]}
+    for name, rgb in want.items():
+        image = load_image(tmp_path / name)
+        assert image.shape == (3, 4, 6) and image.dtype == torch.float32, name
+        assert torch.allclose(image, torch.tensor(rgb).view(3, 1, 1).expand(3, 4, 6), atol=1e-6), name
+
+
+def test_a_source_that_cannot_be_decoded_is_named_before_loading_not_at_its_batch(tmp_path, monkeypatch):
+    rng = np.random.RandomState(0)
+    Image.fromarray(rng.randint(0, 255, (64, 64, 3), np.uint8)).save(tmp_path / "whole.jpg")
+    data = (tmp_path / "whole.jpg").read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(data[:len(data) // 2])  # headers intact: Image.verify passes it
+    png(tmp_path / "sliver.png", 10, size=(2, 40))
+    png(tmp_path / "bomb.png", 10, size=(120, 120))
+    # a 120 x 120 px source is over twice this limit: Pillow's bomb error, as for a real one at 179 million pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 5000)
+    source = jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "images": ["whole.jpg"]},
+                                          {"prompt": "b", "images": ["cut.jpg"]},
+                                          {"prompt": "c", "images": ["sliver.png"]},
+                                          {"prompt": "d", "images": ["bomb.png"]}])
+    problems = record_problems(source, "data.prompts", 1, "FluxKontextPolicy")
+    assert len(problems) == 3, problems
+    assert f"line 2: image '{tmp_path / 'cut.jpg'}' cannot be read as an image (image file is truncated" in problems[0]
+    assert f"line 3: image '{tmp_path / 'sliver.png'}' is 2 x 40 px; a source needs at least 16 px" in problems[1]
+    assert f"line 4: image '{tmp_path / 'bomb.png'}' is too large to decode safely" in problems[2]
+    assert "re-save it smaller" in problems[2]
+
+
+def test_a_source_broken_after_the_check_is_named_at_its_batch(records_file, tmp_path):
+    data = PromptDataModule(records_file, group_size=2, num_groups=3)
+    data.setup("fit")
+    cut = (tmp_path / "frames/b.png").read_bytes()[:60]
+    (tmp_path / "frames/b.png").write_bytes(cut)  # cut off after the check (the image of lines 2 and 3)
+    with pytest.raises(OSError, match=rf"{records_file} line [23]: image '{tmp_path / 'frames/b.png'}' cannot be read "
+                                      r"\(.*\); it was readable when the run started"):
+        next(iter(data.train_dataloader()))

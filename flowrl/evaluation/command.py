@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -148,8 +149,37 @@ def plan(opts: argparse.Namespace) -> tuple[Optional[Plan], list[str]]:
     num_steps = opts.num_steps or method["eval_num_steps"] or method["num_steps"]  # the run's validation steps
     guidance = opts.guidance_scale if opts.guidance_scale is not None else method["guidance_scale"]
     batch_size = opts.batch_size or data["val_batch_size"]
+    prompts_per_batch = max(1, batch_size // len(opts.seeds))
+    if wrong := process_problem(opts, len(suite), prompts_per_batch):
+        return None, [wrong]
     return Plan(base, base_path, base_lora, sources, suite, metrics, int(num_steps), float(guidance),
-                max(1, batch_size // len(opts.seeds))), []
+                prompts_per_batch), []
+
+
+def process_problem(opts: argparse.Namespace, num_prompts: int, prompts_per_batch: int) -> Optional[str]:
+    """Why the processes of ``--devices`` x ``--num_nodes`` cannot all draw a batch (each takes whole batches), or
+    None (also where the count is known only once Lightning picks devices: ``auto``, ``-1``).
+
+    >>> process_problem(parser().parse_args(["--devices", "2", "--seeds", "0", "1", "--batch_size", "32"]), 16, 16)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    '--devices 2: 16 prompts in batches of 16 (--batch_size 32 over 2 seeds) make 1 batch, so 1 of the 2 processes
+     would draw nothing; use --devices 1, or --batch_size 16 or less'
+    """
+    devices = opts.devices.strip()
+    count = (len([d for d in devices.split(",") if d.strip()]) if "," in devices else
+             int(devices) if devices.isdigit() else None)
+    if count is None:
+        return None
+    processes, batches = count * opts.num_nodes, -(-num_prompts // prompts_per_batch)
+    if batches >= processes:
+        return None
+    seeds = len(opts.seeds)
+    smaller = (f", or --batch_size {num_prompts // processes * seeds} or less" if num_prompts >= processes else
+               f" (the suite has {num_prompts} prompts)")
+    return (f"--devices {opts.devices}{f' --num_nodes {opts.num_nodes}' if opts.num_nodes > 1 else ''}: "
+            f"{num_prompts} prompts in batches of {prompts_per_batch} (--batch_size {prompts_per_batch * seeds} over "
+            f"{seeds} seeds) make {batches} batch{'es' * (batches > 1)}, so {processes - batches} of the {processes} "
+            f"processes would draw nothing; use --devices {batches}{smaller}")
 
 
 def method_options(config: dict) -> dict[str, Any]:
@@ -222,6 +252,9 @@ def trainer(opts: argparse.Namespace, callbacks: list):
 
 def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str) -> Optional[Path]:
     """Loads the models, generates and scores on every rank, and (rank zero) writes the report."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from flowrl.evaluation.interrupt import INCOMPLETE, StopOnSigterm, mark_complete, mark_incomplete
     from flowrl.evaluation.models import ForeignLora, load_models
     from flowrl.evaluation.module import EvaluationProgressBar, Evaluator
 
@@ -233,6 +266,9 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
         print(f"flowrl evaluate: {' + '.join(names)} on {suite.name} ({len(suite)} prompts x {len(seeds)} seeds = "
               f"{len(suite) * len(seeds)} images per model), {found.num_steps} ODE steps, guidance "
               f"{found.guidance_scale:g} -> {out}", flush=True)
+    if out is not None:  # before anything is redrawn: never an earlier report beside this run's images
+        for path in mark_incomplete(out, command):
+            print(f"flowrl evaluate: removed {path} (an earlier evaluation's; its images are redrawn now)", flush=True)
     try:
         models = load_models(policy_spec(found.base), found.sources, found.base_lora)
     except ForeignLora as err:  # one line naming both models, not peft's error
@@ -242,8 +278,19 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
                           None if opts.no_images or out is None else str(out / "images"),
                           frozenset((p, s) for p in grid[0] for s in grid[1]))
     bar = EvaluationProgressBar(f"evaluate: {len(models)} model{'s' * (len(models) > 1)}")
-    runner = trainer(opts, [*metrics.rewards, bar])
-    runner.predict(evaluator, return_predictions=False)
+    stop = StopOnSigterm(out)
+    runner = trainer(opts, [*metrics.rewards, bar, stop])
+    try:
+        runner.predict(evaluator, return_predictions=False)
+        if evaluator.sigterm_anywhere():  # during a rank's last batch: decided on every rank, before the gathering
+            raise SIGTERMException
+    except SIGTERMException as stopped:  # Lightning's would exit 0: a scheduler would read success
+        if out is not None:
+            print(f"flowrl evaluate: stopped by SIGTERM; {out} has no report (its {INCOMPLETE} marker says so); run "
+                  "the command again to evaluate", flush=True)
+        raise SystemExit(128 + signal.SIGTERM) from stopped
+    finally:
+        stop.restore()
     scores, diversity, images = evaluator.gathered()
     if not runner.is_global_zero:
         return None
@@ -252,7 +299,9 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
                          **{s.name: str(s.path) for s in found.sources}}, suite.name, seeds, found.num_steps,
                         found.guidance_scale, features.name if features else None, opts.resamples, opts.confidence,
                         opts.bootstrap_seed, opts.margin, command)
-    return write(out, settings, found, names, (scores, diversity, images), grid)
+    write(out, settings, found, names, (scores, diversity, images), grid)
+    mark_complete(out)
+    return out
 
 
 def write(out: Path, settings: Settings, found: Plan, names: list[str], gathered: tuple, grid: tuple) -> Path:

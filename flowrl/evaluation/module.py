@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
 from torch import Tensor, nn
 
@@ -96,6 +97,16 @@ class Evaluator(Generation):
     def on_predict_start(self) -> None:
         # every rank writes its own rows' images into rank zero's folder (a rank launched later may name another)
         self.image_dir = self.trainer.strategy.broadcast(self.image_dir)
+        # the last rank holds the fewest batches (rank r takes batches b % world_size == r): known without asking
+        world = self.trainer.world_size
+        self.shared_batches = len(evaluation_batches(len(self.suite), self.seeds, self.prompts_per_batch, world - 1,
+                                                     world))
+
+    def on_predict_batch_end(self, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        # a SIGTERM stops every rank after the same batch (Lightning's predict loop never reads its flag); a rank
+        # holding batches the others lack goes on to the end, where run() decides once more, on every rank
+        if batch_idx < self.shared_batches - 1 and self.sigterm_anywhere():
+            raise SIGTERMException
 
     @contextmanager
     def drawing(self, model: Model) -> Iterator[None]:

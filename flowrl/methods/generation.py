@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from tqdm import tqdm
 
@@ -109,14 +110,46 @@ class Generation(LightningModule):
     def evaluate(self, batches: list[dict], progress: Optional[str] = None) -> dict[str, float]:
         """Mean reward per name (and ``total``) over evaluation batches of ``prompts`` and ``seeds`` on every rank
         (call it on every rank), with ``<name>_nonfinite`` counts where scores were NaN or inf (left out of the means).
-        ``progress``: a bar with this label on rank zero (validation can take minutes on a CPU)."""
+        ``progress``: a bar with this label on rank zero (validation can take minutes on a CPU).
+
+        A SIGTERM stops it after the batch in progress (``SIGTERMException``, as Lightning's own loops stop): this
+        loop runs inside a hook (the run summary's validation before training), where no Lightning loop looks."""
         was_training = self.policy.training
         self.policy.eval()
         shown = progress is not None and self.trainer.is_global_zero
         bar = tqdm(batches, desc=progress, disable=not shown, leave=False, file=sys.stdout, dynamic_ncols=True)
-        tallies = [self._tally(batch) for batch in bar]
-        self.policy.train(was_training)
+        shared = self.fewest_batches(len(batches))
+        tallies = []
+        try:
+            for i, batch in enumerate(bar):
+                tallies.append(self._tally(batch))
+                if i < shared - 1 and self.sigterm_anywhere():  # every rank holds the next batch: stop together
+                    raise SIGTERMException
+            if self.sigterm_anywhere():  # before the means and whatever follows (a training batch)
+                raise SIGTERMException
+        finally:
+            bar.close()
+            self.policy.train(was_training)
         return self._reduced_means(tallies)
+
+    def fewest_batches(self, count: int) -> int:
+        """The fewest batches any rank holds (one collective): the stop decisions until then are shared, the same
+        number on every rank."""
+        if self.trainer.world_size == 1:
+            return count
+        fewest = self.trainer.strategy.reduce(torch.tensor(float(count), device=self.device), reduce_op="min")
+        return int(fewest)
+
+    def sigterm_anywhere(self) -> bool:
+        """Rank zero's SIGTERM flag, on every rank (call it on every rank). The collective is the one Lightning's
+        own SIGTERM handler makes on each rank (a broadcast of one number from rank zero, as its training loop's
+        ``_broadcast_sigterm_tensor``), so a handler's broadcast on one rank pairs with this one on another; an
+        all-reduce here met the handler's broadcast and broke the process group. Rank zero, Lightning's launcher,
+        passes the signal on to the other processes."""
+        flag = torch.tensor([int(self.trainer.received_sigterm)], device=self.trainer.strategy.root_device)
+        if self.trainer.world_size > 1:
+            torch.distributed.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """The images :meth:`generate` draws for ``batch["prompts"]`` from ``batch["seeds"]`` (deterministic ODE,

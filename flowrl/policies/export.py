@@ -6,7 +6,9 @@ alpha in its metadata), loadable with ``pipe.load_lora_weights(DIR)``; Wan 2.2's
 load_into_transformer_2=True)``. ``--merged`` also writes the whole pipeline with the adapters fused into the
 transformer to ``DIR/merged``. Full fine-tuning runs write the whole pipeline to ``DIR``. The policy is rebuilt from
 the run's ``config.yaml`` (LightningCLI saves it in the log directory, the parent of ``checkpoints/``) or
-``--config``; the checkpoint supplies the trained weights.
+``--config``; the checkpoint supplies the trained weights. An export into a folder holding an earlier one leaves
+exactly its own files there (:mod:`flowrl.policies.export_folder`); ``--out`` an existing file is refused before
+anything loads.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from flowrl.checkpoint_fit import checkpoint_fit_problems, load_mismatch
 from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint, run_config
 from flowrl.config_nodes import class_at
 from flowrl.policies.base import FlowPolicy, adapter_of
+from flowrl.policies.export_folder import out_problem, staged
 from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
 
 REFERENCE_PREFIX = "reference_denoiser."
@@ -44,12 +47,14 @@ def exported_adapter(policy: FlowPolicy, adapter: Optional[str] = None) -> str:
     return trained[0]
 
 
-def export_lora(policy: FlowPolicy, out: str | Path, adapter: Optional[str] = None) -> Path:
+def export_lora(policy: FlowPolicy, out: str | Path, adapter: Optional[str] = None,
+                keep: tuple[str, ...] = ()) -> Path:
     """Writes the LoRA weights of ``adapter`` (default: the one trained adapter) in the diffusers layout of the
-    policy's pipeline; returns ``out``.
+    policy's pipeline, replacing what an earlier export left in ``out`` (:func:`~flowrl.policies.export_folder.staged`;
+    ``keep``: entries a later step writes); returns ``out``.
 
     Raises:
-        ValueError: the policy was fully fine-tuned (no adapters), or it is not pipeline-backed.
+        ValueError: the policy was fully fine-tuned (no adapters), it is not pipeline-backed, or ``out`` is a file.
     """
     from peft.utils import get_peft_model_state_dict
 
@@ -58,11 +63,12 @@ def export_lora(policy: FlowPolicy, out: str | Path, adapter: Optional[str] = No
         raise ValueError("this policy was fully fine-tuned: it has no LoRA weights; use export_pipeline")
     adapter = exported_adapter(policy, adapter)
     name = getattr(policy, "denoiser_name", "transformer")
-    for weight_name, module in lora_modules(policy).items():
-        policy.pipeline_class.save_lora_weights(
-            out, weight_name=weight_name,
-            **{f"{name}_lora_layers": get_peft_model_state_dict(module, adapter_name=adapter),
-               f"{name}_lora_adapter_metadata": module.peft_config[adapter].to_dict()})
+    with staged(out, keep) as stage:
+        for weight_name, module in lora_modules(policy).items():
+            policy.pipeline_class.save_lora_weights(
+                stage, weight_name=weight_name,
+                **{f"{name}_lora_layers": get_peft_model_state_dict(module, adapter_name=adapter),
+                   f"{name}_lora_adapter_metadata": module.peft_config[adapter].to_dict()})
     return Path(out)
 
 
@@ -76,12 +82,15 @@ def lora_modules(policy: FlowPolicy) -> dict[str, torch.nn.Module]:
 def export_pipeline(policy: FlowPolicy, out: str | Path, adapter: Optional[str] = None) -> Path:
     """Writes the whole pipeline with the trained denoiser; the LoRA adapter ``adapter`` (default: the one trained
     adapter) is fused into it first, **in place**, and every adapter is then removed (export from a policy you no
-    longer train)."""
+    longer train). What an earlier export left in ``out`` is replaced as by :func:`export_lora`."""
     _check_exportable(policy)
+    if problem := out_problem(out):  # before the fusing, which changes the policy
+        raise ValueError(problem)
     if policy.adapter_names:
         policy.denoiser.fuse_lora(adapter_names=[exported_adapter(policy, adapter)])
         policy.denoiser.unload_lora()
-    policy.pipeline().save_pretrained(out)
+    with staged(out, pipeline=True) as stage:
+        policy.pipeline().save_pretrained(stage)
     return Path(out)
 
 
@@ -180,12 +189,15 @@ def main(args: Optional[list[str]] = None) -> None:
     parser.add_argument("--adapter", help="the LoRA adapter to export (default: the policy's one trained adapter)")
     opts = parser.parse_args(args)
     try:
+        if problem := out_problem(opts.out):  # before the weights load; never a "-> FILE" that wrote nothing
+            raise ValueError(problem)
         policy = load_policy(opts.ckpt, opts.config, opts.ema)
         out = Path(opts.out)
         if not policy.adapter_names:
             print(f"flowrl export: full pipeline -> {export_pipeline(policy, out)}")
             return
-        print(f"flowrl export: LoRA weights -> {export_lora(policy, out, opts.adapter)}")
+        keep = ("merged",) if opts.merged else ()  # written next, whole
+        print(f"flowrl export: LoRA weights -> {export_lora(policy, out, opts.adapter, keep)}")
         if opts.merged:
             print(f"flowrl export: merged pipeline -> {export_pipeline(policy, out / 'merged', opts.adapter)}")
     except (ValueError, FileNotFoundError) as err:  # one line naming the option and the fix, not a traceback

@@ -1,5 +1,6 @@
 """A stopped or doomed run says so: SIGTERM says at once that the run stops, which it does after the current batch,
-with a checkpoint that resumes, the run summary and exit status 143; a folder the run cannot write fails before the
+with a checkpoint that resumes, the run summary and exit status 143 (during the validation before training, after
+its current batch: no training batch follows); a folder the run cannot write fails before the
 first rollout instead of at the first save."""
 
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from flowrl.cli import main
 from tests.cli.test_fit import fit_args, load_steps
@@ -63,6 +65,44 @@ def test_sigterm_says_it_stops_saves_a_checkpoint_that_resumes_prints_the_summar
     for key in resumed:
         assert torch.equal(straight[key]["seeds"], resumed[key]["seeds"]), key
         assert torch.equal(straight[key]["advantages"], resumed[key]["advantages"]), key
+
+
+class MarkTrainStart(Callback):
+    """Writes ``marker`` when training starts, just before the run summary's validation (the next callback)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def on_train_start(self, trainer, pl_module):
+        Path(self.marker).write_text("the validation before training starts now")
+
+
+def test_sigterm_during_the_validation_before_training_stops_at_its_next_batch(tiny_model_dir, tmp_path):
+    marker = tmp_path / "validating"
+    prompts = [f"red {i % 10} and blue {(i + 3) % 10}" for i in range(256)]  # 256 batches of one: far longer than
+    # a signal takes to arrive
+    args = fit_args(tiny_model_dir, tmp_path / "run", f"--trainer.callbacks+={__name__}.MarkTrainStart",
+                    f"--trainer.callbacks.marker={marker}", "--trainer.callbacks+=flowrl.callbacks.RunSummary",
+                    f"--data.val_prompts={prompts}", "--data.val_batch_size=1", "--data.val_samples_per_prompt=1")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), proc.communicate()[0][-3000:] if proc.poll() is not None else "validation never began"
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the run did not stop within 120 s of SIGTERM")
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert out.count("flowrl: SIGTERM received: stopping after the current batch (at global step 0 now), then "
+                     "saving no checkpoint (nothing is trained yet)") == 1, out[-3000:]
+    assert "flowrl run summary (stopped by SIGTERM at global step 0" in out, out[-3000:]
+    assert "at the start (not evaluated at the stop)" not in out  # the validation did not run to its end
+    assert not list((tmp_path / "run" / "dump").glob("step*.pt"))  # and no training batch followed it
 
 
 def test_a_run_that_fails_gives_back_the_sigterm_handler(tiny_model_dir, tmp_path):
