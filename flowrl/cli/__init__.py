@@ -41,6 +41,7 @@ from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint
 from flowrl.cli.config_checks import config_problems, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, release_unused, share_log_versions
 from flowrl.cli.method_switch import method_switch
+from flowrl.cli.option_names import unknown_options
 from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
 from flowrl.cli.rendezvous import rendezvous_notice
 from flowrl.data import PromptDataModule
@@ -62,16 +63,28 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 
 
 class FlowRLCLI(LightningCLI):
-    """The flowrl command line; see ``python -m flowrl fit --help``."""
+    """The flowrl command line; see ``python -m flowrl fit --help``.
+
+    Args:
+        command_line_problems: problems :func:`main` found in the command line itself (option names no class
+            declares, taken out before the parse), raised with those of the parsed config.
+    """
+
+    def __init__(self, *args: Any, command_line_problems: tuple[str, ...] = (), **kwargs: Any) -> None:
+        self.command_line_problems = list(command_line_problems)
+        super().__init__(*args, **kwargs)
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config
-        if self.subcommand == "predict" and (problems := predict_problems(config)):
+        problems = list(self.command_line_problems)
+        if self.subcommand == "predict":
+            problems += predict_problems(config)
+        elif self.subcommand == "fit":
+            problems += config_problems(config)
+        if problems:
             raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
         if self.subcommand != "fit":
             return
-        if problems := config_problems(config):
-            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
         share_log_versions(config.get("trainer", {}).get("logger"), rank_zero=launched_as_rank_zero())
 
     def _add_subcommands(self, parser, **kwargs: Any) -> None:
@@ -154,7 +167,11 @@ def main(args: Optional[list[str]] = None) -> None:
 
         args = predict_arguments(args[1:])
     set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
-    args = null_overrides_as_configs(method_switch(args))
+    switch = method_switch(args)
+    if switch.notice and launched_as_rank_zero():
+        print(switch.notice, flush=True)
+    args, command_line_problems = unknown_options(switch.args, switch.model)
+    args = null_overrides_as_configs(args)
     if from_argv:  # LightningCLI reads sys.argv itself, and warns when given args beside a command line
         sys.argv[1:], args = args, None
     try:
@@ -165,7 +182,8 @@ def main(args: Optional[list[str]] = None) -> None:
             FlowRLCLI(BaseModule, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
                       parser_kwargs={"parser_mode": "omegaconf+", "prog": "python -m flowrl",
                                      "description": DESCRIPTION},
-                      save_config_kwargs={"overwrite": True}, args=args)
+                      save_config_kwargs={"overwrite": True}, args=args,
+                      command_line_problems=command_line_problems)
     except SIGTERMException as stop:  # Lightning stops (and checkpoints, if configured) and exits 0: a scheduler
         raise SystemExit(128 + signal.SIGTERM) from stop  # would read success; the shell's code for SIGTERM instead
     finally:
