@@ -99,10 +99,23 @@ def test_a_function_reward_that_does_not_import_is_one_line_before_loading(tmp_p
     assert "FunctionReward function='flowrl_probe_rewards.rewards.brightness'" in out and "'gama'" in out
 
 
-def test_switching_the_quickstarts_method_names_the_options_it_lacks():
+def test_switching_the_quickstarts_method_names_what_the_switch_needs_at_once(capsys):
     out = fails("--config", str(ROOT / "configs/quickstart.yaml"), "--model.class_path=flowrl.methods.TreeRPO")
-    assert out.splitlines()[1].startswith("  model.class_path=flowrl.methods.TreeRPO has no option timestep_fraction")
-    assert "LoraOptions" not in out
+    assert "  data.group_size=8 is not a multiple of the 16 samples one TreeRPO rollout scores" in out
+    assert "LoraOptions" not in out and "timestep_fraction" not in out  # the config's Flow-GRPO option: left out
+    assert "has no option timestep_fraction, which the config sets: left out" in capsys.readouterr().out
+
+
+def test_a_misspelt_key_is_one_line_with_the_nearest_name(capsys):
+    out = fails("--data.gruop_size=8", "--trainer.max_stpes=4")
+    assert out.splitlines()[1:3] == [
+        "  --data.gruop_size=8: the data module (flowrl.data.PromptDataModule) has no option gruop_size; did you mean "
+        "--data.group_size?",
+        "  --trainer.max_stpes=4: Lightning's Trainer has no option max_stpes; did you mean --trainer.max_steps?"]
+    assert "usage:" not in out + capsys.readouterr().err
+    out = fails("--model.init_args.policy.init_args.lorra=null")
+    assert out.splitlines()[1] == ("  --model.init_args.policy.init_args.lorra=null: flowrl.policies.TinyFlowPolicy has "
+                                   "no option lorra; did you mean --model.init_args.policy.init_args.lora?")
 
 
 def test_a_second_node_that_never_comes_is_announced_once(tmp_path):
