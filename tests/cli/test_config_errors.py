@@ -37,6 +37,9 @@ def fails(*extra, model=MISSING) -> str:
     (["--model.init_args.num_minibatches=2", "--trainer.max_steps=3"],
      "trainer.max_steps=3 is not a multiple of the 2 optimizer steps each batch takes"),
     (["--data.prompts=no_such_prompts.txt"], "data.prompts='no_such_prompts.txt' does not exist"),
+    # issue 38: 0 sampled without the prompt, -1 against it, and the run exited 0 having learned nothing
+    (["--model.init_args.guidance_scale=0"], "model.guidance_scale=0.0: below 1, classifier-free guidance"),
+    (["--model.init_args.guidance_scale=-1"], "1 disables guidance"),
 ])
 def test_bad_numbers_fail_before_loading(extra, message):
     assert message in fails(*extra)
