@@ -40,6 +40,7 @@ from flowrl.cli.arguments import null_overrides_as_configs
 from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint
 from flowrl.cli.config_checks import config_problems, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, release_unused, share_log_versions
+from flowrl.cli.machine_checks import free_memory, rollout_memory_problems
 from flowrl.cli.method_switch import method_switch
 from flowrl.cli.option_names import unknown_options
 from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
@@ -145,6 +146,8 @@ class FlowRLCLI(LightningCLI):
     def before_fit(self) -> None:
         # the CSV writer of a fresh version starts while the folder is still empty: Lightning warns about (and would
         # delete) an older metrics.csv when it finds the folder non-empty, which here only means TensorBoard's events
+        if problems := self.rollout_memory_problems():  # before the first batch, whose rollout would fill the memory
+            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
         if launched_as_rank_zero() and (notice := rendezvous_notice(self.trainer)):
             print(notice, flush=True)  # once, before the rendezvous, which waits in silence until its timeout
         if launched_as_rank_zero():
@@ -154,6 +157,17 @@ class FlowRLCLI(LightningCLI):
             folders = {Path(logger.log_dir) for logger in self.trainer.loggers if getattr(logger, "log_dir", None)}
             for folder in folders:  # runs/<name>/latest: the newest run, whatever its version number
                 link_latest(folder)
+
+
+    def rollout_memory_problems(self) -> list[str]:
+        """A batch too large for the memory of the device its rollout runs on (:mod:`flowrl.cli.machine_checks`)."""
+        policy, data = getattr(self.model, "policy", None), self.datamodule
+        if not hasattr(policy, "latent_shape") or not hasattr(data, "group_size"):
+            return []
+        samples = data.num_groups * data.group_size // max(self.trainer.world_size, 1)
+        device = self.trainer.strategy.root_device
+        return rollout_memory_problems(samples, self.model.num_steps, policy.latent_shape(), free_memory(device),
+                                       f"the {device.type} device" if device.type != "cpu" else "this machine")
 
 
 def main(args: Optional[list[str]] = None) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from flowrl.checkpoint_fit import checkpoint_fit_problems
 from flowrl.checkpoint_paths import checkpoint_problems
+from flowrl.cli.machine_checks import accelerator_problems
 from flowrl.config_nodes import as_dict, class_at, with_defaults
 from flowrl.data import GroupLayout, PromptDataModule, load_prompts
 from flowrl.methods.base import BaseModule
@@ -45,6 +46,7 @@ def config_problems(config: Any) -> list[str]:
     if isinstance(as_dict(policy.get("init_args")).get("model"), str):
         problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
     trainer = as_dict(config.get("trainer"))
+    problems += accelerator_problems(trainer)  # a GPU config on a machine without one
     world = world_size(trainer)
     data = with_defaults(PromptDataModule, config.get("data"))  # every data option, the declared default where unset
     # samples one rollout scores (a tree's leaves), once the options it is computed from are sound

@@ -156,3 +156,30 @@ def test_a_second_node_that_never_comes_is_announced_once(tmp_path):
     assert len(notices) == 1, "".join(seen)[-3000:]
     assert f"for 2 nodes x 1 process (world size 2) to join at 127.0.0.1:{port}" in notices[0]
     assert "NODE_RANK=1 " in notices[0] and "gives up after 0:30:00" in notices[0]
+
+
+def test_a_gpu_config_on_a_machine_without_one_is_refused_before_loading(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # this machine, whatever runs the test
+    out = fails("--config", str(ROOT / "configs/wan21_flow_grpo.yaml"))
+    gpu, = [line for line in out.splitlines() if line.startswith("  trainer.accelerator=")]
+    assert gpu.startswith("  trainer.accelerator=gpu: this machine has no GPU that torch can use")
+    assert "--trainer.accelerator=cpu (or auto: whatever this machine has), --trainer.devices=1" in gpu
+    assert "No supported gpu backend" not in out
+
+
+def test_a_batch_far_beyond_memory_is_refused_before_the_first_batch(tiny_model_dir, tmp_path, monkeypatch):
+    import psutil
+
+    from flowrl.methods.base import BaseModule
+
+    # 1 GiB free, whatever machine runs the test; were the check to let it through, no rollout of it may start
+    small = psutil.virtual_memory()._replace(available=2**30)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: small)
+    monkeypatch.setattr(BaseModule, "on_train_start", lambda self: pytest.fail("the first batch started"))
+    out = fails("--data.group_size=100000", f"--trainer.default_root_dir={tmp_path}", model=tiny_model_dir)
+    # 2 prompts x 100000 samples x (3 steps + 1) states x (3 x 16 x 16) latent values x 4 bytes = 2.29 GiB
+    assert out.splitlines()[1] == (
+        "  a batch of 200,000 samples per process needs at least 2.3 GiB for its rollout alone (200,000 samples x 4 "
+        "states x 768 latent values (3, 16, 16) x 4 bytes; activations and images come on top), and this machine has "
+        "1.0 GiB free; lower data.group_size x data.num_groups per process below 87,381 (fewer samples per prompt, "
+        "fewer prompts, or more processes)")
