@@ -144,10 +144,10 @@ class FlowRLCLI(LightningCLI):
                     callback.restore()
 
     def before_fit(self) -> None:
-        # the CSV writer of a fresh version starts while the folder is still empty: Lightning warns about (and would
-        # delete) an older metrics.csv when it finds the folder non-empty, which here only means TensorBoard's events
         if problems := self.rollout_memory_problems():  # before the first batch, whose rollout would fill the memory
             raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+        # the CSV writer of a fresh version starts while the folder is still empty: Lightning warns about (and would
+        # delete) an older metrics.csv when it finds the folder non-empty, which here only means TensorBoard's events
         if launched_as_rank_zero() and (notice := rendezvous_notice(self.trainer)):
             print(notice, flush=True)  # once, before the rendezvous, which waits in silence until its timeout
         if launched_as_rank_zero():
@@ -157,7 +157,6 @@ class FlowRLCLI(LightningCLI):
             folders = {Path(logger.log_dir) for logger in self.trainer.loggers if getattr(logger, "log_dir", None)}
             for folder in folders:  # runs/<name>/latest: the newest run, whatever its version number
                 link_latest(folder)
-
 
     def rollout_memory_problems(self) -> list[str]:
         """A batch too large for the memory of the device its rollout runs on (:mod:`flowrl.cli.machine_checks`)."""
@@ -185,6 +184,8 @@ def main(args: Optional[list[str]] = None) -> None:
     if switch.notice and launched_as_rank_zero():
         print(switch.notice, flush=True)
     args, command_line_problems = unknown_options(switch.args, switch.model)
+    if command_line_problems and any(arg.startswith("--print_config") for arg in args):  # it prints, then exits
+        raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(command_line_problems))
     args = null_overrides_as_configs(args)
     if from_argv:  # LightningCLI reads sys.argv itself, and warns when given args beside a command line
         sys.argv[1:], args = args, None
