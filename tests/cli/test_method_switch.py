@@ -98,3 +98,13 @@ def test_options_before_the_switch_carry_over(checked, monkeypatch, switch):
     monkeypatch.setattr(flowrl.cli, "config_problems", lambda config: [])
     config = checked("--model.init_args.num_steps=4", f"--model.class_path={switch}", "--ckpt_path=last.ckpt")
     assert config.model.init_args.num_steps == 4 and config.ckpt_path == "last.ckpt"
+
+
+def test_a_switched_tiny_fit_runs_with_the_option_given_before_the_switch(tiny_model_dir, tmp_path, capsys):
+    # the one fit of this file: fit_tiny.yaml (Flow-GRPO, PPO's clip_range) switched to DiffusionNFT, which lacks it
+    main(["fit", "--config", str(ROOT / "tests/cli/fit_tiny.yaml"), "--model.init_args.num_steps=2",
+          f"--model.init_args.policy.init_args.model={tiny_model_dir}", "--model.class_path=flowrl.methods.DiffusionNFT",
+          f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1"])
+    out = capsys.readouterr().out
+    assert "flowrl: --model.class_path=flowrl.methods.DiffusionNFT has no option clip_range, which the config sets" in out
+    assert "flowrl fit: DiffusionNFT on TinyFlowPolicy" in out and "; 2 sampling steps," in out  # not the config's 3
