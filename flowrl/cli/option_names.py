@@ -72,9 +72,18 @@ def unknown_options(args: list[str], model: dict) -> tuple[list[str], list[str]]
     >>> unknown_options(["fit", "--data.gruop_size=8", "--trainer.max_steps", "2"], {})  # doctest: +ELLIPSIS
     (['fit', '--trainer.max_steps', '2'], ['--data.gruop_size=8: ... has no option gruop_size; did you mean \
 --data.group_size?'])
+    >>> tiny = {"class_path": "flowrl.methods.FlowGRPO", "init_args": {"policy": {"class_path":
+    ...                                                                            "flowrl.policies.TinyFlowPolicy"}}}
+    >>> unknown_options(["--model.init_args.policy.init_args.max_sequence_length=64"], tiny)[1][0][:78]
+    '--model.init_args.policy.init_args.max_sequence_length=64: flowrl.policies.Tin'
+    >>> unknown_options(["--model.init_args.policy.class_path=flowrl.policies.SD3Policy",
+    ...                  "--model.init_args.policy.init_args.max_sequence_length=64"], tiny)[1]
+    []
     """
     out, problems, i = [], [], 0
-    while i < len(args):
+    if any(a.startswith(("--model.init_args.policy=", "--model.init_args.policy.class_path")) for a in args):
+        model = {**model, "init_args": {k: v for k, v in (model.get("init_args") or {}).items() if k != "policy"}}
+    while i < len(args):  # (a policy named on the command line: its options are left to the parser)
         arg = args[i]
         key, eq, _ = arg.partition("=")
         used = 1 if eq or not key.startswith("--") or i + 1 >= len(args) or args[i + 1].startswith("--") else 2
