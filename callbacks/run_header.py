@@ -79,6 +79,9 @@ def batch_line(prompts: int, group_size: int, method, trainer) -> str:
     >>> trainer = N(world_size=1, strategy=N(root_device=N(type="cpu")))
     >>> batch_line(4, 16, method, trainer)
     '4 prompts x 16 samples = 64 per batch (4 trees of 16 leaves) on 1 process (cpu); 10 sampling steps, 444 model evaluations per batch'
+    >>> dense = N(options=N(), num_steps=10, rollout_cost=lambda o: (1, 65), calibration_evaluations=lambda: 32 * 5 * 65)
+    >>> batch_line(8, 4, dense, trainer).partition("steps, ")[2]  # tiny_dense_grpo.yaml: 32 x 65; 5 x 32 x 65
+    '2,080 model evaluations per batch; the first batch 12,480 with the 10,400 of its calibration (model.calibration)'
     """
     processes = f"{trainer.world_size} process{'es' if trainer.world_size > 1 else ''}"
     line = f"{prompts} prompts x {group_size} samples = {prompts * group_size} per batch"
@@ -90,7 +93,11 @@ def batch_line(prompts: int, group_size: int, method, trainer) -> str:
     if steps:
         line += f"; {steps} sampling steps"
     if cost is not None:
-        line += f", {prompts * group_size // cost[0] * cost[1]:,} model evaluations per batch"
+        per_batch = prompts * group_size // cost[0] * cost[1]
+        line += f", {per_batch:,} model evaluations per batch"
+        # work before the first batch's rollout (DenseGRPO's noise calibration) is paid once, in that batch
+        if extra := getattr(method, "calibration_evaluations", lambda: 0)():
+            line += f"; the first batch {per_batch + extra:,} with the {extra:,} of its calibration (model.calibration)"
     return line
 
 

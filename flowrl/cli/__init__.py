@@ -41,7 +41,9 @@ from flowrl.checkpoint_paths import (EXAMPLE, checkpoint_problems, newest_run_ch
                                      run_checkpoint)
 from flowrl.cli.config_checks import config_problems, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, log_roots, release_unused, share_log_versions
+from flowrl.cli.machine_checks import free_memory, rollout_memory_problems
 from flowrl.cli.method_switch import method_switch
+from flowrl.cli.option_names import unknown_options
 from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
 from flowrl.cli.rendezvous import rendezvous_notice
 from flowrl.config_nodes import as_dict
@@ -64,16 +66,28 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 
 
 class FlowRLCLI(LightningCLI):
-    """The flowrl command line; see ``python -m flowrl fit --help``."""
+    """The flowrl command line; see ``python -m flowrl fit --help``.
+
+    Args:
+        command_line_problems: problems :func:`main` found in the command line itself (option names no class
+            declares, taken out before the parse), raised with those of the parsed config.
+    """
+
+    def __init__(self, *args: Any, command_line_problems: tuple[str, ...] = (), **kwargs: Any) -> None:
+        self.command_line_problems = list(command_line_problems)
+        super().__init__(*args, **kwargs)
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config
-        if self.subcommand == "predict" and (problems := predict_problems(config)):
+        problems = list(self.command_line_problems)
+        if self.subcommand == "predict":
+            problems += predict_problems(config)
+        elif self.subcommand == "fit":
+            problems += config_problems(config)
+        if problems:
             raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
         if self.subcommand != "fit":
             return
-        if problems := config_problems(config):
-            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
         share_log_versions(config.get("trainer", {}).get("logger"), rank_zero=launched_as_rank_zero())
 
     def _add_subcommands(self, parser, **kwargs: Any) -> None:
@@ -134,6 +148,8 @@ class FlowRLCLI(LightningCLI):
                     callback.restore()
 
     def before_fit(self) -> None:
+        if problems := self.rollout_memory_problems():  # before the first batch, whose rollout would fill the memory
+            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
         # the CSV writer of a fresh version starts while the folder is still empty: Lightning warns about (and would
         # delete) an older metrics.csv when it finds the folder non-empty, which here only means TensorBoard's events
         if launched_as_rank_zero() and (notice := rendezvous_notice(self.trainer)):
@@ -145,6 +161,16 @@ class FlowRLCLI(LightningCLI):
             folders = {Path(logger.log_dir) for logger in self.trainer.loggers if getattr(logger, "log_dir", None)}
             for folder in folders:  # runs/<name>/latest: the newest run, whatever its version number
                 link_latest(folder)
+
+    def rollout_memory_problems(self) -> list[str]:
+        """A batch too large for the memory of the device its rollout runs on (:mod:`flowrl.cli.machine_checks`)."""
+        policy, data = getattr(self.model, "policy", None), self.datamodule
+        if not hasattr(policy, "latent_shape") or not hasattr(data, "group_size"):
+            return []
+        samples = data.num_groups * data.group_size // max(self.trainer.world_size, 1)
+        device = self.trainer.strategy.root_device
+        return rollout_memory_problems(samples, self.model.num_steps, policy.latent_shape(), free_memory(device),
+                                       f"the {device.type} device" if device.type != "cpu" else "this machine")
 
 
 def last_checkpoint(trainer: dict) -> Path:
@@ -180,7 +206,13 @@ def main(args: Optional[list[str]] = None) -> None:
 
         args = predict_arguments(args[1:])
     set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
-    args = null_overrides_as_configs(method_switch(args))
+    switch = method_switch(args)
+    if switch.notice and launched_as_rank_zero():
+        print(switch.notice, flush=True)
+    args, command_line_problems = unknown_options(switch.args, switch.model)
+    if command_line_problems and any(arg.startswith("--print_config") for arg in args):  # it prints, then exits
+        raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(command_line_problems))
+    args = null_overrides_as_configs(args)
     if from_argv:  # LightningCLI reads sys.argv itself, and warns when given args beside a command line
         sys.argv[1:], args = args, None
     try:
@@ -191,7 +223,8 @@ def main(args: Optional[list[str]] = None) -> None:
             FlowRLCLI(BaseModule, PromptDataModule, subclass_mode_model=True, trainer_defaults=TRAINER_DEFAULTS,
                       parser_kwargs={"parser_mode": "omegaconf+", "prog": "python -m flowrl",
                                      "description": DESCRIPTION},
-                      save_config_kwargs={"overwrite": True}, args=args)
+                      save_config_kwargs={"overwrite": True}, args=args,
+                      command_line_problems=command_line_problems)
     except SIGTERMException as stop:  # Lightning stops (and checkpoints, if configured) and exits 0: a scheduler
         raise SystemExit(128 + signal.SIGTERM) from stop  # would read success; the shell's code for SIGTERM instead
     finally:

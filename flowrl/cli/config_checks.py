@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from flowrl.checkpoint_fit import checkpoint_fit_problems, resume_step_problems
 from flowrl.checkpoint_paths import checkpoint_problems
+from flowrl.cli.machine_checks import accelerator_problems
 from flowrl.cli.reward_checks import reward_policy_problems
 from flowrl.config_nodes import as_dict, class_at, with_defaults
 from flowrl.data import GroupLayout, PromptDataModule, load_prompts
@@ -47,6 +48,7 @@ def config_problems(config: Any) -> list[str]:
         problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
         problems += policy_problems(policy)
     trainer = as_dict(config.get("trainer"))
+    problems += accelerator_problems(trainer)  # a GPU config on a machine without one
     world = world_size(trainer)
     data = with_defaults(PromptDataModule, config.get("data"))  # every data option, the declared default where unset
     # samples one rollout scores (a tree's leaves), once the options it is computed from are sound

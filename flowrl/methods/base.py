@@ -30,8 +30,8 @@ from torch import Tensor
 from flowrl import advantages as adv_lib
 from flowrl.checkpoint_fit import load_mismatch, method_path
 from flowrl.methods.batch import GATHERED, Batch, hook_value
-from flowrl.methods.option_surface import (at_least, checked_options, guidance_scale_problems,
-                                           optimizer_problems)
+from flowrl.methods.option_surface import (at_least, checked_options, guidance_scale_problems, optimizer_problems,
+                                           policy_guidance_scales)
 from flowrl.methods.trained_pairs import UntrainedBatches, trained_pairs
 from flowrl.methods.trajectories import Trajectories
 from flowrl.output_dirs import output_dir_problems
@@ -118,7 +118,10 @@ class BaseModule(Trajectories):
         elif cls.raw_rewards and o.reward_aggregation != "sum":
             problems.append(f"model.reward_aggregation={o.reward_aggregation!r}: {cls.__name__} takes differences of "
                             "raw weighted rewards along a trajectory; use reward_aggregation: sum")
-        return problems + guidance_scale_problems(o.policy, o.guidance_scale) + optimizer_problems(o.optimizer)
+        problems += guidance_scale_problems(o.policy, o.guidance_scale)
+        for key, scale in policy_guidance_scales(o.policy).items():  # Wan 2.2's second expert's
+            problems += guidance_scale_problems(o.policy, scale, key)
+        return problems + optimizer_problems(o.optimizer)
 
     @classmethod
     def rollout_cost(cls, o) -> tuple[int, int]:

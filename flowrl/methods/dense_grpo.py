@@ -97,6 +97,14 @@ class DenseGRPO(FlowGRPO):
 
     # -- exploration-space calibration ---------------------------------------------------------------------
 
+    def calibration_evaluations(self) -> int:
+        """Model evaluations the calibration still adds to the first batch: ``iterations x samples`` rollouts of
+        :meth:`rollout_cost` each (0 once calibrated, or without calibration); the run header counts them."""
+        if self.calibration is None or self.calibrated:
+            return 0
+        samples, evaluations = self.rollout_cost(self.options)
+        return self.calibration.iterations * self.calibration.samples * evaluations // samples
+
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
         if self.calibration is not None and not self.calibrated:
             self.calibrate(batch)

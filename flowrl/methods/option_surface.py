@@ -141,17 +141,39 @@ def named_adapter_problems(policy: Any, method: str) -> list[str]:
     return problems
 
 
-def guidance_scale_problems(policy: Any, guidance_scale: float) -> list[str]:
-    """A guidance scale other than 1 on a model without guidance (a step-distilled FLUX.2 [klein]: no unconditional
-    side, no guidance input) would do nothing: refused rather than ignored.
+#: How each family's diffusers pipeline reads its guidance scale, where it differs from the CFG families' ``w`` (SD3,
+#: SD1.5, Wan, Qwen-Image's ``true_cfg_scale``, FLUX.2 [klein] base: ``v_u + w (v_c - v_u)``, guidance on above 1).
+#: ``ZImagePipeline`` combines ``pos + g (pos - neg)`` and guides above 0: flowrl's scale is its ``g + 1``.
+PIPELINE_SCALES = {"ZImagePolicy": "ZImagePipeline's guidance_scale is this minus 1 (its 0, no guidance, is 1 here)"}
+
+
+def guidance_scale_problems(policy: Any, guidance_scale: float, key: str = "model.guidance_scale") -> list[str]:
+    """A guidance scale that means something other than what the family's pipeline means by it, refused rather than
+    run: below 1 (the pipelines guide only above 1, 1 disables guidance; 0 would sample without the prompt, below 0
+    against it, and the run would learn nothing while exiting 0), and other than 1 on a model without guidance (a
+    step-distilled FLUX.2 [klein]: no unconditional side, no guidance input), where it would do nothing.
 
     >>> guidance_scale_problems({"class_path": "flowrl.policies.TinyFlowPolicy"}, 4.5)
     []
+    >>> guidance_scale_problems({"class_path": "flowrl.policies.TinyFlowPolicy"}, 0.0)[0][:60]
+    'model.guidance_scale=0.0: below 1, classifier-free guidance '
     """
-    if guidance_scale == 1.0 or policy_guidance(policy) != "none":
+    kind = policy_guidance(policy)
+    if kind == "none" and guidance_scale != 1.0:
+        return [f"{key}={guidance_scale}: the policy's model is step-distilled without guidance (no unconditional "
+                "side, no guidance input), so guidance would do nothing; set it to 1.0"]
+    if guidance_scale >= 1.0:
         return []
-    return [f"model.guidance_scale={guidance_scale}: the policy's model is step-distilled without guidance (no "
-            "unconditional side, no guidance input), so guidance would do nothing; set model.guidance_scale: 1.0"]
+    cls = policy_class(policy) or type(policy)
+    convention = f" ({PIPELINE_SCALES[cls.__name__]})" if cls.__name__ in PIPELINE_SCALES else ""
+    if kind == "embedded":
+        meaning = ("the model's distilled guidance input was trained on the pipeline's scales, which guide above 1; "
+                   "below 1 it is outside them")
+    else:
+        meaning = ("classifier-free guidance v_u + w (v_c - v_u) moves away from the prompt (0: the prompt ignored, "
+                   "below 0: against it), so the rewards could not improve")
+    return [f"{key}={guidance_scale}: below 1, {meaning}; the pipelines guide above 1 and 1 disables guidance"
+            f"{convention}: use 1.0 (no guidance) or above, e.g. 4.5"]
 
 
 def guidance_distillation_problems(policy: Any, teacher_guidance: float, surrogate_guidance: float) -> list[str]:
@@ -168,4 +190,17 @@ def guidance_distillation_problems(policy: Any, teacher_guidance: float, surroga
     if kind == "none" and (teacher_guidance != 1.0 or surrogate_guidance != 1.0):
         return [f"model.teacher_guidance={teacher_guidance} / surrogate_guidance={surrogate_guidance}: the policy's "
                 "model is step-distilled without an unconditional side, so there is no CFG to form; set both to 1.0"]
-    return []
+    return (guidance_scale_problems(policy, teacher_guidance, "model.teacher_guidance")
+            + guidance_scale_problems(policy, surrogate_guidance, "model.surrogate_guidance"))
+
+
+def policy_guidance_scales(policy: Any) -> dict[str, float]:
+    """Guidance scales the policy itself takes (Wan 2.2's ``guidance_scale_2``), by their config key, where set.
+
+    >>> policy_guidance_scales({"init_args": {"guidance_scale_2": 0.0}})
+    {'model.init_args.policy.init_args.guidance_scale_2': 0.0}
+    """
+    init_args = (plain(policy.get("init_args")) if isinstance(policy, dict)
+                 else {"guidance_scale_2": getattr(policy, "guidance_scale_2", None)})
+    value = init_args.get("guidance_scale_2") if isinstance(init_args, dict) else None
+    return {"model.init_args.policy.init_args.guidance_scale_2": value} if isinstance(value, (int, float)) else {}

@@ -70,8 +70,12 @@ class TPGRPO(PolicyGradient):
     def check_options(cls, o) -> list[str]:
         problems = Completions(o.completion_steps, o.completion_chunk_size, o.reward_chunk_size).problems()
         if o.window_start < 0 or o.window_size < 1 or o.window_start + o.window_size > o.num_steps:
+            start = min(max(o.window_start, 0), o.num_steps - 1)  # the nearest window that fits, start kept if it can be
+            size = min(max(o.window_size, 1), o.num_steps - start)
             problems.append(f"model.window_start={o.window_start}, model.window_size={o.window_size}: the SDE window "
-                            f"[start, start + size) must lie in the {o.num_steps} sampling steps with size >= 1")
+                            f"[start, start + size) must lie in the {o.num_steps} sampling steps with size >= 1; the "
+                            f"nearest that does: --model.init_args.window_start={start} "
+                            f"--model.init_args.window_size={size}")
         if o.first_step not in FIRST_STEP_RULES:
             problems.append(f"model.first_step={o.first_step!r}: choose one of {list(FIRST_STEP_RULES)}")
         return problems

@@ -37,6 +37,9 @@ def fails(*extra, model=MISSING) -> str:
     (["--model.init_args.num_minibatches=2", "--trainer.max_steps=3"],
      "trainer.max_steps=3 is not a multiple of the 2 optimizer steps each batch takes"),
     (["--data.prompts=no_such_prompts.txt"], "data.prompts='no_such_prompts.txt' does not exist"),
+    # issue 38: 0 sampled without the prompt, -1 against it, and the run exited 0 having learned nothing
+    (["--model.init_args.guidance_scale=0"], "model.guidance_scale=0.0: below 1, classifier-free guidance"),
+    (["--model.init_args.guidance_scale=-1"], "1 disables guidance"),
 ])
 def test_bad_numbers_fail_before_loading(extra, message):
     assert message in fails(*extra)
@@ -99,10 +102,23 @@ def test_a_function_reward_that_does_not_import_is_one_line_before_loading(tmp_p
     assert "FunctionReward function='flowrl_probe_rewards.rewards.brightness'" in out and "'gama'" in out
 
 
-def test_switching_the_quickstarts_method_names_the_options_it_lacks():
+def test_switching_the_quickstarts_method_names_what_the_switch_needs_at_once(capsys):
     out = fails("--config", str(ROOT / "configs/quickstart.yaml"), "--model.class_path=flowrl.methods.TreeRPO")
-    assert out.splitlines()[1].startswith("  model.class_path=flowrl.methods.TreeRPO has no option timestep_fraction")
-    assert "LoraOptions" not in out
+    assert "  data.group_size=8 is not a multiple of the 16 samples one TreeRPO rollout scores" in out
+    assert "LoraOptions" not in out and "timestep_fraction" not in out  # the config's Flow-GRPO option: left out
+    assert "has no option timestep_fraction, which the config sets: left out" in capsys.readouterr().out
+
+
+def test_a_misspelt_key_is_one_line_with_the_nearest_name(capsys):
+    out = fails("--data.gruop_size=8", "--trainer.max_stpes=4")
+    assert out.splitlines()[1:3] == [
+        "  --data.gruop_size=8: the data module (flowrl.data.PromptDataModule) has no option gruop_size; did you mean "
+        "--data.group_size?",
+        "  --trainer.max_stpes=4: Lightning's Trainer has no option max_stpes; did you mean --trainer.max_steps?"]
+    assert "usage:" not in out + capsys.readouterr().err
+    out = fails("--model.init_args.policy.init_args.lorra=null")
+    assert out.splitlines()[1] == ("  --model.init_args.policy.init_args.lorra=null: flowrl.policies.TinyFlowPolicy has "
+                                   "no option lorra; did you mean --model.init_args.policy.init_args.lora?")
 
 
 def test_a_second_node_that_never_comes_is_announced_once(tmp_path):
@@ -153,3 +169,30 @@ def test_rewards_that_cannot_score_the_policys_images_fail_before_loading(tmp_pa
             "makes single images; use it with a video policy") in message, message
     assert (f"trainer.callbacks: PickScore model='{tmp_path}/no_model': model path '{tmp_path}/no_model' does not "
             "exist") in message, message
+
+
+def test_a_gpu_config_on_a_machine_without_one_is_refused_before_loading(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # this machine, whatever runs the test
+    out = fails("--config", str(ROOT / "configs/wan21_flow_grpo.yaml"))
+    gpu, = [line for line in out.splitlines() if line.startswith("  trainer.accelerator=")]
+    assert gpu.startswith("  trainer.accelerator=gpu: this machine has no GPU that torch can use")
+    assert "--trainer.accelerator=cpu (or auto: whatever this machine has), --trainer.devices=1" in gpu
+    assert "No supported gpu backend" not in out
+
+
+def test_a_batch_far_beyond_memory_is_refused_before_the_first_batch(tiny_model_dir, tmp_path, monkeypatch):
+    import psutil
+
+    from flowrl.methods.base import BaseModule
+
+    # 1 GiB free, whatever machine runs the test; were the check to let it through, no rollout of it may start
+    small = psutil.virtual_memory()._replace(available=2**30)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: small)
+    monkeypatch.setattr(BaseModule, "on_train_start", lambda self: pytest.fail("the first batch started"))
+    out = fails("--data.group_size=100000", f"--trainer.default_root_dir={tmp_path}", model=tiny_model_dir)
+    # 2 prompts x 100000 samples x (3 steps + 1) states x (3 x 16 x 16) latent values x 4 bytes = 2.29 GiB
+    assert out.splitlines()[1] == (
+        "  a batch of 200,000 samples per process needs at least 2.3 GiB for its rollout alone (200,000 samples x 4 "
+        "states x 768 latent values (3, 16, 16) x 4 bytes; activations and images come on top), and this machine has "
+        "1.0 GiB free; lower data.group_size x data.num_groups per process below 87,381 (fewer samples per prompt, "
+        "fewer prompts, or more processes)")

@@ -164,7 +164,14 @@ def fit(model_dir, root, steps, calibration, ckpt_path=None):
                        calibration=calibration)
     calls = []
     original = module.calibrate
-    module.calibrate = lambda batch: calls.append(1) or original(batch)
+
+    def calibrate(batch):  # records the evaluations the header predicts beside those the calibration spends
+        calls.append(1)
+        predicted, before = module.calibration_evaluations(), module.unlogged_evaluations
+        psi = original(batch)
+        module.calibration_counts = (predicted, module.unlogged_evaluations - before)
+        return psi
+    module.calibrate = calibrate
     trainer = Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, limit_val_batches=0, use_distributed_sampler=False,
                       default_root_dir=root, callbacks=[JpegIncompressibility(), ModelCheckpoint(
@@ -177,6 +184,9 @@ def test_calibration_is_saved_in_the_checkpoint_and_not_rerun_on_resume(tiny_mod
     calibration = NoiseCalibration(samples=4, iterations=3, eps2=0.05)
     module, calls = fit(tiny_model_dir, tmp_path / "a", 1, calibration)
     assert calls == [1] and module.calibrated
+    # the run header's count of the first batch's calibration (issue 39: it said 2,080 for 12,480): 3 iterations x 4
+    # samples x (3 steps + completions of 3 + 2 + 1 steps = 9 evaluations), as the sampler counted them
+    assert module.calibration_counts == (108, 108) and module.calibration_evaluations() == 0  # once calibrated: none
     initial = 0.7 * noise_scale_factors(module.policy.sigmas(3), "flow_grpo")
     moved = (module.noise_scales - initial).abs()  # three updates of +-0.05: an odd multiple of 0.05, <= 0.15
     assert ((moved - 0.05).abs() < 1e-5).logical_or((moved - 0.15).abs() < 1e-5).all()

@@ -1,0 +1,43 @@
+"""Guidance scales are refused where they mean something other than what the family's diffusers pipeline means by
+them (issue 38): below 1 for every family that guides, other than 1 for a step-distilled model, with the reason."""
+
+import pytest
+
+from flowrl.methods.option_surface import guidance_distillation_problems, guidance_scale_problems
+
+TINY = {"class_path": "flowrl.policies.TinyFlowPolicy"}
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, 0.5])
+def test_below_one_is_refused_with_the_reason(scale):
+    problem, = guidance_scale_problems(TINY, scale)
+    assert problem.startswith(f"model.guidance_scale={scale}: below 1, classifier-free guidance v_u + w (v_c - v_u) "
+                              "moves away from the prompt")
+    assert "1 disables guidance" in problem and "use 1.0 (no guidance) or above" in problem
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.5, 4.5])
+def test_one_and_above_pass(scale):
+    assert guidance_scale_problems(TINY, scale) == []
+
+
+def test_z_image_names_its_pipelines_offset():
+    # ZImagePipeline guides with pos + g (pos - neg), on above 0: flowrl's w = g + 1, so w < 1 is its g < 0
+    problem, = guidance_scale_problems({"class_path": "flowrl.policies.ZImagePolicy"}, 0.0)
+    assert "ZImagePipeline's guidance_scale is this minus 1 (its 0, no guidance, is 1 here)" in problem
+    assert guidance_scale_problems({"class_path": "flowrl.policies.ZImagePolicy"}, 1.0) == []
+
+
+def test_tdm_r1s_teacher_and_surrogate_guidance_too():
+    problems = guidance_distillation_problems(TINY, 0.0, -2.0)
+    assert [p.split(":")[0] for p in problems] == ["model.teacher_guidance=0.0", "model.surrogate_guidance=-2.0"]
+
+
+def test_wan_2_2s_second_expert_scale(tiny_model_dir):
+    from flowrl.methods import FlowGRPO
+    from flowrl.methods.option_surface import option_problems
+
+    policy = {"class_path": "flowrl.policies.TinyFlowPolicy", "init_args": {"model": tiny_model_dir,
+                                                                             "guidance_scale_2": 0.0}}
+    problems = option_problems(FlowGRPO, policy=policy)
+    assert any(p.startswith("model.init_args.policy.init_args.guidance_scale_2=0.0: below 1") for p in problems)
