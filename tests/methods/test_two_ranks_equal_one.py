@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from tests.cli.test_fit import assert_two_ranks_equal_one, fit_args, load_steps
-from tests.methods.fits_in_one_process import run_in_one_process
 from tests.methods import test_tp_grpo
+from tests.methods.fits_in_one_process import run_in_one_process
 from tests.methods.likelihood_free import shrunk
 from tests.methods.test_method_layer import method_fit_args
 from tests.methods.test_nonfinite import fit as nonfinite_fit
