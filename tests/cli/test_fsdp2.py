@@ -73,8 +73,8 @@ def test_a_one_process_checkpoint_resumes_under_fsdp2(tiny_model_dir, tmp_path):
     # FSDP2 loader read as positions among every weight of the module: "Missing optimizer state for parameter ..."
     ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
             "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1"]
-    run_cli(fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4"), tmp_path)
-    run_cli(fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ckpt), tmp_path)
+    run_in_one_process([fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4"),  # one start-up
+                        fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ckpt)], tmp_path)
     saved = next(Path(tmp_path / "first").rglob("*step=2.ckpt"))
     assert saved.is_file()  # one file, from one process
     run_cli(fit_args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}", *FSDP2),
