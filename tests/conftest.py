@@ -6,6 +6,15 @@ import pytest
 import torch
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n 2``: one worker per core) every worker and the processes it starts use one torch
+    thread: two workers of two threads each on two cores would oversubscribe them, and tiny models gain nothing from a
+    second thread."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     from flowrl.policies.tiny_components import build_components, save_components

@@ -103,10 +103,11 @@ def assert_same_metrics(one: Path, two: Path) -> None:
     assert not differ, differ
 
 
-# the methods whose own tests already run 2 DDP processes against 1 per sample (test_dense_grpo, test_tp_grpo,
-# test_tree_methods) run here in the slow suite only; the quickstart is tiny_flow_grpo at other sizes
+# the methods whose 2 DDP processes are compared with 1 per sample in tests/methods/test_two_ranks_equal_one.py run
+# here in the slow suite only (tiny_flow_grpo stays: the grids, summary and validation in every collective); the
+# quickstart is tiny_flow_grpo at other sizes
 OWN_DDP_TEST = {"quickstart.yaml", "tiny_dense_grpo.yaml", "tiny_tp_grpo.yaml", "tiny_tempflow_grpo.yaml",
-                "tiny_tree_rpo.yaml"}
+                "tiny_tree_rpo.yaml", "tiny_branch_grpo.yaml"}
 
 
 @pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow) if c in OWN_DDP_TEST else c

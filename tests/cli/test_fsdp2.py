@@ -1,8 +1,8 @@
-"""FSDP2 (``--trainer.strategy=fsdp2``) on 2 CPU processes through ``python -m flowrl fit``: the same advantages,
-gradient norms and weights as a 1-process run (LoRA, and full fine-tuning with a sharded KL reference and clipping),
-each rank holding a shard of the denoiser, an exact resume from a sharded checkpoint with EMA, the dense-reward
+"""FSDP2 (``--trainer.strategy=fsdp2``) on 2 CPU processes through ``python -m flowrl fit``: an exact resume from a sharded checkpoint with EMA, the dense-reward
 methods' ODE completions on sharded weights, and 2 "nodes" x 1 process on localhost. Each 2-process run is a real
-subprocess with a timeout."""
+subprocess with a timeout. The same advantages, gradient norms and weights as a 1-process run for every method
+(LoRA, and full fine-tuning with a sharded KL reference and clipping), each rank holding a shard of the denoiser:
+tests/methods/test_two_ranks_equal_one.py."""
 
 from pathlib import Path
 
@@ -11,65 +11,10 @@ import torch
 
 from flowrl.strategies.sharded_checkpoint import load_consolidated
 from tests.cli.test_ddp_configs import finish, fit, one_process, summary, two_nodes
-from tests.cli.test_fit import assert_two_ranks_equal_one, fit_args, load_steps, run_cli
+from tests.cli.test_fit import fit_args, load_steps, run_cli
+from tests.methods.fits_in_one_process import run_in_one_process
 
 FSDP2 = ["--trainer.devices=2", "--trainer.strategy=fsdp2"]
-# SGD at lr 1 (as the DDP test): a rank missing the gradient reduce-scatter would be off by O(1)
-SGD = ["--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.lr=1.0"]
-# two minibatches per batch: the ranks' micro-batch counts differ, so the shorter rank pads (weight 0); clipping at
-# 0.05 binds (a per-rank norm would clip differently); beta > 0 runs the sharded reference
-FULL = ["--model.init_args.policy.init_args.lora=null", "--trainer.callbacks.full=true", "--model.init_args.beta=0.1",
-        "--model.init_args.max_grad_norm=0.05", "--model.init_args.num_minibatches=2", "--trainer.max_steps=4",
-        "--model.init_args.check_ratio=true", "--model.init_args.recompute_log_probs=true"]
-CASES = {  # (options of both runs, options of the 2-process run)
-    "lora": (["--model.init_args.max_grad_norm=null"], FSDP2),
-    "full": (FULL, FSDP2),
-    # the class with an option: gradients reduce-scattered after every micro-batch instead of accumulated unsharded
-    "full_reduce_every_micro_batch": (FULL, [*FSDP2, "--trainer.strategy=flowrl.strategies.FSDP2Strategy",
-                                             "--trainer.strategy.reduce_every_micro_batch=true"]),
-}
-
-
-def assert_full_runs_equal(one_dir: Path, two_dir: Path) -> None:
-    """Full fine-tuning: every step's advantages (matched by seed) and every final weight of the 2-process run equal
-    the 1-process run's; the trained weights moved away from the frozen reference (the initial weights), by steps
-    the clip bound limited."""
-    one, two = load_steps(one_dir), load_steps(two_dir)
-    for step in sorted({k.split("_")[0] for k in one}):
-        ranks = [two[f"{step}_rank{r}"] for r in (0, 1)]
-        seeds = torch.cat([r["seeds"] for r in ranks])
-        torch.testing.assert_close(torch.cat([r["advantages"] for r in ranks])[seeds.argsort()],
-                                   one[f"{step}_rank0"]["advantages"][one[f"{step}_rank0"]["seeds"].argsort()])
-    assert one["step0_rank0"]["grad_norm"] > 0.05  # above the clip bound: the clipping acted
-    w1, w2 = torch.load(one_dir / "dump/weights.pt"), torch.load(two_dir / "dump/weights.pt")
-    assert w1.keys() == w2.keys() and all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-7) for k in w1)
-    trained = [k for k in w1 if k.startswith("denoiser.")]
-    assert any(not torch.equal(w1[k], w1["reference_" + k]) for k in trained)
-    assert all(torch.equal(w1["reference_" + k], w2["reference_" + k]) for k in trained)
-
-
-def held_bytes(dump: Path, rank: int) -> dict[str, int]:
-    return torch.load(dump / f"held_bytes_rank{rank}.pt")
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_fsdp2_two_processes_equal_one_process(tiny_model_dir, tmp_path, case):
-    both, sharded = CASES[case]
-    common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=3", *SGD, *both]
-    run_cli(fit_args(tiny_model_dir, tmp_path / "one", *common), tmp_path)
-    run_cli(fit_args(tiny_model_dir, tmp_path / "two", *common, *sharded), tmp_path)
-    if case == "lora":
-        assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
-    else:
-        assert_full_runs_equal(tmp_path / "one", tmp_path / "two")
-    one = load_steps(tmp_path / "one")
-    for step, ranks in load_steps(tmp_path / "two").items():  # the logged norm is the global one on every rank
-        torch.testing.assert_close(ranks["grad_norm"], one[step[:-1] + "0"]["grad_norm"])
-    # each rank holds about half of the denoiser (and of the reference): sharded, never a whole copy per rank
-    whole = held_bytes(tmp_path / "one/dump", 0)
-    for rank in (0, 1):
-        for name, size in held_bytes(tmp_path / "two/dump", rank).items():
-            assert 0.4 * whole[name] < size < 0.6 * whole[name], (name, size, whole[name])
 
 
 def test_fsdp2_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
@@ -78,12 +23,13 @@ def test_fsdp2_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(tiny
              "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1",
              # validation swaps the EMA shards in and out on every rank (one validation prompt per rank)
              "--data.val_prompts=[red 1 and blue 2, green 3 and red 4]", "--trainer.limit_val_batches=1.0"]
-    run_cli(fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4", *extra), tmp_path)
-    run_cli(fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *extra), tmp_path)
-    saved = next(Path(tmp_path / "first").rglob("*step=2.ckpt"))
+    args = lambda out, *more: fit_args(tiny_model_dir, tmp_path / out, *extra,  # noqa: E731
+                                       f"--trainer.callbacks.dirpath={tmp_path / out}/ckpt", *more)
+    # 2 batches an epoch: step 2 ends epoch 0. The three fits share one process group (one start-up)
+    saved = tmp_path / "first/ckpt/epoch=0-step=2.ckpt"
+    run_in_one_process([args("straight", "--trainer.max_steps=4"), args("first", "--trainer.max_steps=2"),
+                        args("resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}")], tmp_path)
     assert saved.is_dir() and len(list(saved.glob("*.distcp"))) == 2  # one shard file per rank
-    run_cli(fit_args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}", *extra),
-            tmp_path)
     straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
     assert sorted(resumed) == ["step2_rank0", "step2_rank1", "step3_rank0", "step3_rank1"]
     for key in resumed:  # the sampler's position and the weights carried over: the same rollouts and advantages
@@ -100,9 +46,11 @@ def test_fsdp2_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(tiny
     assert any(not torch.equal(ema_a["shadow"][k], a["state_dict"][k]) for k in ema_a["shadow"])
 
 
-@pytest.mark.parametrize("config", [  # one completion method and one tree method by default; the rest in the slow suite
-    "tiny_dense_grpo.yaml", "tiny_branch_grpo.yaml", *[pytest.param(c, marks=pytest.mark.slow) for c in (
-        "tiny_tp_grpo.yaml", "tiny_tempflow_grpo.yaml", "tiny_tree_rpo.yaml")]])
+# slow: every method's FSDP2 fit equals its 1-process fit in the default suite (ODE completions on the sharded
+# denoiser and each tree depth's batched forward included): tests/methods/test_two_ranks_equal_one.py
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["tiny_dense_grpo.yaml", "tiny_branch_grpo.yaml", "tiny_tp_grpo.yaml",
+                                    "tiny_tempflow_grpo.yaml", "tiny_tree_rpo.yaml"])
 def test_fsdp2_dense_methods_print_the_numbers_of_one_process(config, tmp_path, capsys, monkeypatch):
     # their rollouts complete states with the ODE on the sharded denoiser (all-gathered per block); the tree methods
     # also run each depth's nodes as one batched forward of it
@@ -125,8 +73,8 @@ def test_a_one_process_checkpoint_resumes_under_fsdp2(tiny_model_dir, tmp_path):
     # FSDP2 loader read as positions among every weight of the module: "Missing optimizer state for parameter ..."
     ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
             "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1"]
-    run_cli(fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4"), tmp_path)
-    run_cli(fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ckpt), tmp_path)
+    run_in_one_process([fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4"),  # one start-up
+                        fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ckpt)], tmp_path)
     saved = next(Path(tmp_path / "first").rglob("*step=2.ckpt"))
     assert saved.is_file()  # one file, from one process
     run_cli(fit_args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}", *FSDP2),

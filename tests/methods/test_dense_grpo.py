@@ -18,7 +18,6 @@ from flowrl.rewards import JpegIncompressibility
 from flowrl.sampling.noise_calibration import NoiseCalibration, calibration_update, noise_scale_factors
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import flow_grpo_step
-from tests.cli.test_fit import assert_two_ranks_equal_one, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["red 1 and blue 2", "green 3 and red 4", "blue 5 and green 6"]
@@ -230,31 +229,3 @@ def test_cli_rejects_bad_dense_options_before_loading(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="model.completion_steps=-1"):
         main(["fit", "--config", "configs/tiny_dense_grpo.yaml", "--model.init_args.completion_steps=-1",
               f"--model.init_args.policy.init_args.model={tmp_path / 'nope'}"])
-
-
-def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
-    # calibration counts dR signs over the trajectories of every rank, and the per-(group, step) advantages use the
-    # gathered rewards, so two processes calibrate the same psi and take the same SGD step as one
-    brightness = ("{class_path: flowrl.rewards.FunctionReward, init_args: {function: "
-                  "tests.rewards.reward_functions.brightness}}")
-
-    def args(out, *extra):
-        return ["fit", "--config", "configs/tiny_dense_grpo.yaml", f"--model.init_args.policy.init_args.model="
-                f"{tiny_model_dir}", "--trainer.max_steps=1", "--trainer.logger=false", f"--trainer.default_root_dir={out}",
-                f"--trainer.callbacks=[{brightness}, tests.cli.dump_outputs.DumpOutputs]",
-                f"--trainer.callbacks.out={out}/dump", "--trainer.limit_val_batches=0",
-                "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
-                "--data.prompts=[red 1 and blue 2, green 3 and red 4]", "--data.num_groups=2", "--data.group_size=4",
-                "--model.init_args.num_steps=3", "--model.init_args.micro_batch_size=4",
-                "--model.init_args.calibration.samples=8", "--model.init_args.calibration.iterations=2",
-                "--model.init_args.calibration.eps1=1", "--model.init_args.optimizer=torch.optim.SGD",
-                "--model.init_args.optimizer.lr=1.0", "--model.init_args.max_grad_norm=null", *extra]
-
-    run_cli(args(tmp_path / "one"), ROOT)
-    run_cli(args(tmp_path / "two", "--trainer.devices=2", "--trainer.strategy=ddp"), ROOT)
-    psi = torch.load(tmp_path / "one/dump/noise_scales_rank0.pt")
-    assert psi.shape == (3,)
-    for rank in (0, 1):
-        assert torch.allclose(torch.load(tmp_path / f"two/dump/noise_scales_rank{rank}.pt"), psi, atol=1e-6)
-    one = assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two", keys=("rewards", "advantages"))
-    assert one["advantages"].abs().sum() > 0

@@ -1,7 +1,7 @@
 """DiffusionNFT on named adapters: one training step against a hand-built recomputation of its loss, the old policy's
 soft update by hand, option errors before any weight loads, a 2-step CLI fit of configs/tiny_diffusion_nft.yaml, exact
-resume from a checkpoint holding both adapters, the policy's LoRA exported for the plain diffusers pipeline, and a
-2-process DDP run equal to a 1-process run. The loss's worked examples are in tests/losses/test_nft.py."""
+resume from a checkpoint holding both adapters, the policy's LoRA exported for the plain diffusers pipeline (2 processes
+against 1: tests/methods/test_two_ranks_equal_one.py). The loss's worked examples are in tests/losses/test_nft.py."""
 
 import pytest
 import torch
@@ -13,7 +13,7 @@ from flowrl.training.adapter_steps import follow
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.policies.base import adapter_of
 from flowrl.sampling.sampler import branch_seed, seeded_noise
-from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli
+from tests.cli.test_fit import load_steps
 from tests.methods.likelihood_free import (ROOT, assert_export_matches_pipeline, assert_resume_is_exact, option_errors,
                                            shrunk)
 from tests.methods.test_method_layer import method_help
@@ -112,16 +112,3 @@ def test_exported_policy_lora_loads_in_the_diffusers_pipeline(sd3_dir, tmp_path)
     # both adapters are in the checkpoint; the export writes the trained one (default), not the old copy
     assert_export_matches_pipeline(tmp_path, sd3_dir, "flowrl.methods.DiffusionNFT", "    guidance_scale: 1.0",
                                    ["default", "old"])
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_processes_equal_one_process(tiny_model_dir, tmp_path, strategy):
-    # SGD (lr 1, no clipping), two minibatches whose rows the ranks hold in unequal shares: the all-reduced gradient
-    # must be the minibatch's mean over every rank
-    common = ["--trainer.max_steps=2", "--model.init_args.num_minibatches=2", "--model.init_args.micro_batch_size=3",
-              "--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.lr=1.0",
-              "--model.init_args.max_grad_norm=null"]
-    run_cli(shrunk("tiny_diffusion_nft.yaml", tmp_path / "one", *common, model_dir=tiny_model_dir), ROOT)
-    run_cli(shrunk("tiny_diffusion_nft.yaml", tmp_path / "two", *common, "--trainer.devices=2",
-                   f"--trainer.strategy={strategy}", model_dir=tiny_model_dir), ROOT)
-    assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")

@@ -1,16 +1,16 @@
 """TDM-R1 under FSDP2 (2 CPU processes, ``--trainer.strategy=fsdp2``): a resume from the sharded checkpoint folder
 equals an uninterrupted run, every adapter's weights and every adapter's optimizer state included, and ``python -m
 flowrl export`` writes the generator's LoRA from such a folder for the plain diffusers pipeline. The 2-process
-runs equal to 1-process runs, for TDM-R1 and DiffusionNFT under DDP and FSDP2, are in ``test_tdm_r1.py`` and
-``test_diffusion_nft.py``."""
+runs equal to 1-process runs, of every method under DDP and FSDP2, are in ``test_two_ranks_equal_one.py``."""
 
 from pathlib import Path
 
 import torch
 
 from flowrl.strategies.sharded_checkpoint import load_consolidated
-from tests.cli.test_fit import load_steps, run_cli
-from tests.methods.likelihood_free import CHECKPOINTS, ROOT, assert_export_matches_pipeline, shrunk
+from tests.cli.test_fit import load_steps
+from tests.methods.fits_in_one_process import run_in_one_process
+from tests.methods.likelihood_free import CHECKPOINTS, assert_export_matches_pipeline, shrunk
 from tests.policies.conftest import sd3_dir  # noqa: F401  the tiny SD3 pipeline fixture
 
 ADAPTERS = ("default", "fake_score", "surrogate", "surrogate_old")
@@ -19,13 +19,15 @@ ADAPTERS = ("default", "fake_score", "surrogate", "surrogate_old")
 def test_tdm_r1_resumes_exactly_from_a_sharded_checkpoint(tiny_model_dir, tmp_path):
     def args(out: Path, *extra: str) -> list[str]:
         return shrunk("tiny_tdm_r1.yaml", out, "--trainer.devices=2", "--trainer.strategy=fsdp2",
-                      "--model.init_args.generator_init=null", *CHECKPOINTS, *extra, model_dir=tiny_model_dir)
+                      "--model.init_args.generator_init=null", *CHECKPOINTS, f"--trainer.callbacks.dirpath={out}/ckpt",
+                      *extra, model_dir=tiny_model_dir)
 
-    run_cli(args(tmp_path / "straight", "--trainer.max_steps=4"), ROOT)
-    run_cli(args(tmp_path / "first", "--trainer.max_steps=2"), ROOT)
-    saved = next((tmp_path / "first").rglob("*step=2.ckpt"))
+    # 2 batches an epoch, one step each: step 2 ends epoch 0. The three fits share one process group (one start-up)
+    saved = tmp_path / "first/ckpt/epoch=0-step=2.ckpt"
+    run_in_one_process([args(tmp_path / "straight", "--trainer.max_steps=4"),
+                        args(tmp_path / "first", "--trainer.max_steps=2"),
+                        args(tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}")], tmp_path)
     assert saved.is_dir() and len(list(saved.glob("*.distcp"))) == 2  # one shard file per rank
-    run_cli(args(tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}"), ROOT)
 
     straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
     assert sorted(resumed) == ["step2_rank0", "step2_rank1", "step3_rank0", "step3_rank1"]

@@ -1,7 +1,7 @@
 """The method layer holds methods that break the one-trajectory-per-prompt shape: a toy tree method (more rows than
 prompts, one tree per prompt, a shared prefix computed once, an edge trained once) samples, trains and fits through
-the CLI; a 2-process run whose ranks hold different numbers of trained pairs equals a 1-process run; a method that is
-not policy gradient shows none of PPO's options."""
+the CLI; a method that is not policy gradient shows none of PPO's options. (A 2-process run whose ranks hold different numbers of trained pairs
+equals a 1-process run: tests/methods/test_two_ranks_equal_one.py.)"""
 
 import re
 from pathlib import Path
@@ -11,7 +11,7 @@ import torch
 
 from flowrl.cli import main
 from flowrl.policies import LoraOptions, TinyFlowPolicy
-from tests.cli.test_fit import CONFIG, assert_two_ranks_equal_one, fit_args, load_steps, run_cli
+from tests.cli.test_fit import CONFIG, fit_args, load_steps
 from tests.methods.test_nonfinite import KeepModule
 from tests.methods.toy_branching import TwoBranches
 
@@ -75,19 +75,6 @@ def test_the_toy_tree_method_fits_through_the_cli(tiny_model_dir, tmp_path):
     assert torch.allclose(branch.sum(1), torch.zeros(2), atol=1e-4) and branch.abs().gt(0.5).all()
     weights = torch.load(tmp_path / "dump" / "weights.pt")
     assert any(w.abs().sum() > 0 for name, w in weights.items() if "lora_B" in name)
-
-
-def test_ranks_with_different_numbers_of_trained_pairs_equal_one_process(tiny_model_dir, tmp_path):
-    method = "tests.methods.uneven.UnevenFlowGRPO"
-    common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=2",
-              "--model.init_args.num_minibatches=2", "--model.init_args.optimizer=torch.optim.SGD",
-              "--model.init_args.optimizer.lr=1.0", "--model.init_args.max_grad_norm=null"]
-    run_cli(method_fit_args(tiny_model_dir, tmp_path / "one", method, *common), tmp_path)
-    run_cli(method_fit_args(tiny_model_dir, tmp_path / "two", method, *common, "--trainer.devices=2",
-                            "--trainer.strategy=ddp"), tmp_path)
-    assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
-    pairs = [torch.load(tmp_path / "two" / "dump" / f"pairs_rank{r}.pt") for r in (0, 1)]
-    assert pairs[0] != pairs[1] and sum(pairs) == torch.load(tmp_path / "one" / "dump" / "pairs_rank0.pt")
 
 
 def method_help(class_path: str, capsys) -> dict[str, str]:

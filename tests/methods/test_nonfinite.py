@@ -1,5 +1,5 @@
 """Non-finite numbers never train and never score as 0: an optimizer step with a NaN loss or gradient is skipped
-and counted (on every rank alike), too many in a row stop the run with the quantity named, and validation and the
+and counted (on every rank alike: tests/methods/test_two_ranks_equal_one.py), too many in a row stop the run with the quantity named, and validation and the
 run summary leave NaN rewards out of their means and count them."""
 
 import csv
@@ -10,7 +10,6 @@ import torch
 from lightning.pytorch import Callback
 
 from flowrl.cli import main
-from tests.cli.test_fit import run_cli
 
 HERE = Path(__file__).resolve().parent
 CONFIG = str(HERE.parent / "cli" / "fit_tiny.yaml")
@@ -65,16 +64,6 @@ def test_nonfinite_steps_in_a_row_stop_the_run_naming_the_quantity(tiny_model_di
     with pytest.raises(FloatingPointError, match=rf"{quantity} was NaN or inf at 2 optimizer steps in a row"):
         main(fit(tiny_model_dir, tmp_path, "--model.init_args.nan_batches=[0, 1, 2, 3]",
                  f"--model.init_args.nan_in={nan_in}", "--model.init_args.max_nonfinite_steps=2"))
-
-
-def test_a_nan_loss_on_one_rank_skips_the_step_on_both(tiny_model_dir, tmp_path):
-    # rank 1's loss is NaN but its gradient is 0: only the shared decision keeps rank 0 from stepping alone
-    run_cli(fit(tiny_model_dir, tmp_path, "--model.init_args.nan_batches=[0]", "--model.init_args.nan_ranks=[1]",
-                "--model.init_args.nan_in=loss_only", f"--model.init_args.dump_dir={tmp_path}/dump",
-                "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_steps=1"), tmp_path)
-    ranks = [torch.load(tmp_path / "dump" / f"rank{r}.pt") for r in (0, 1)]
-    assert [r["batches"] for r in ranks] == [2, 2] and [r["global_step"] for r in ranks] == [1, 1]
-    assert all(torch.equal(ranks[0]["weights"][n], w) for n, w in ranks[1]["weights"].items())
 
 
 def test_validation_and_summary_leave_nan_rewards_out_and_count_them(tiny_model_dir, tmp_path, capsys):

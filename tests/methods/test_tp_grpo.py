@@ -1,5 +1,5 @@
 """TPGRPO on a random-weight tiny model: the window rollout, R_0 from the trajectory's own noise, real NFE counts,
-option errors, a 2-step CLI fit of the tiny config, and a 2-process DDP run equal to a 1-process run."""
+option errors and a 2-step CLI fit of the tiny config (2 processes against 1: tests/methods/test_two_ranks_equal_one.py)."""
 
 from pathlib import Path
 
@@ -11,7 +11,7 @@ from flowrl.cli import main
 from flowrl.methods import TPGRPO
 from flowrl.rewards import FunctionReward
 from flowrl.policies import LoraOptions, TinyFlowPolicy
-from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli
+from tests.cli.test_fit import load_steps
 from tests.methods.counting import counted_rollout
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -119,14 +119,3 @@ def test_config_error_names_the_window_before_loading(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     with pytest.raises(SystemExit, match="model.window_start=0, model.window_size=5"):
         main(fit_args(str(tmp_path / "no-model-here"), tmp_path, "--model.init_args.window_size=5"))
-
-
-def test_ddp_two_processes_equal_one_process(tiny_model_dir, tmp_path):
-    # turning points are balanced over the batch gathered from both ranks, so the advantages match one process
-    # (with this seed and reward, balancing the two halves of the batch separately keeps other turning points)
-    common = ["--trainer.max_steps=1", "--model.init_args.optimizer=torch.optim.SGD",
-              "--model.init_args.optimizer.lr=1.0", "--model.init_args.max_grad_norm=null"]
-    run_cli(fit_args(tiny_model_dir, tmp_path / "one", *common), ROOT)
-    run_cli(fit_args(tiny_model_dir, tmp_path / "two", *common, "--trainer.devices=2", "--trainer.strategy=ddp"),
-            ROOT)
-    assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two", keys=("rewards", "advantages"))

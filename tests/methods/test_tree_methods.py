@@ -1,6 +1,6 @@
 """TempFlow-GRPO, Dynamic-TreeRPO and BranchGRPO on a random-weight tiny model: NFE counted through the model, the
-papers' worked numbers, edges trained once, their options refused before any weight loads, and a 2-process run
-that computes the advantages of a 1-process run."""
+papers' worked numbers, edges trained once, their options refused before any weight loads (2 processes against
+1: tests/methods/test_two_ranks_equal_one.py)."""
 
 from pathlib import Path
 
@@ -17,7 +17,6 @@ from flowrl.methods.tempflow_grpo import noise_aware_weights
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.sampling.sampler import sample
 from flowrl.sampling.steps import get_step
-from tests.cli.test_fit import load_steps, run_cli
 from tests.methods.counting import counted_rollout
 from tests.methods.test_method_layer import method_fit_args
 
@@ -121,29 +120,6 @@ def one_tree(method: str, *extra: str) -> str:
 def tree_fit(tiny_model_dir, out, method, *extra):
     return method_fit_args(tiny_model_dir, out, method, one_tree(method, *extra), "--data.num_groups=2",
                            "--model.init_args.num_steps=4", "--model.init_args.micro_batch_size=8", *extra)
-
-
-@pytest.mark.parametrize("method, extra", [
-    ("flowrl.methods.TempFlowGRPO", ["--model.init_args.branches=3"]),
-    ("flowrl.methods.TreeRPO", ["--model.init_args.window_size=2", "--model.init_args.window_start=1"]),
-], ids=["tempflow", "tree_rpo"])
-def test_two_processes_compute_the_advantages_of_one(tiny_model_dir, tmp_path, method, extra):
-    common = [*extra, "--trainer.max_steps=1", "--model.init_args.optimizer=torch.optim.SGD",
-              "--model.init_args.optimizer.lr=1.0", "--model.init_args.max_grad_norm=null"]
-    run_cli(tree_fit(tiny_model_dir, tmp_path / "one", method, *common), tmp_path)
-    run_cli(tree_fit(tiny_model_dir, tmp_path / "two", method, *common, "--trainer.devices=2",
-                     "--trainer.strategy=ddp"), tmp_path)
-    one = load_steps(tmp_path / "one")["step0_rank0"]
-    ranks = [load_steps(tmp_path / "two")[f"step0_rank{r}"] for r in (0, 1)]
-    key = lambda step: [(s, n) for s, n in zip(step["seeds"].tolist(), step["node_ids"][:, -1].tolist())]  # noqa
-    both = {k: i for i, k in enumerate(key(ranks[0]) + key(ranks[1]))}
-    order = torch.tensor([both[k] for k in key(one)])  # the 2-process rows in the 1-process order
-    for name in ("rewards", "advantages"):
-        joined = torch.cat([r[name] for r in ranks])[order]
-        assert torch.allclose(joined.float(), one[name].float(), atol=1e-5), name
-    assert one["advantages"].abs().sum() > 0
-    w1, w2 = torch.load(tmp_path / "one" / "dump" / "weights.pt"), torch.load(tmp_path / "two" / "dump" / "weights.pt")
-    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-7) for k in w1)
 
 
 @pytest.mark.parametrize("method, option, message", [
