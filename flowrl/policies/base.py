@@ -134,7 +134,44 @@ class FlowPolicy(nn.Module):
     def __init__(self, lora: Optional[LoraOptions] = None, activation_offload: bool = False):
         super().__init__()
         self.lora, self.activation_offload = lora, activation_offload
+        self.denoiser: Optional[nn.Module] = None  # :meth:`load` sets it
         self.reference_denoiser: Optional[nn.Module] = None
+        self.loaded = False
+        # the random initialisation (LoRA, a method's extra adapters) draws from the RNG as it was when the policy
+        # was built, whenever the weights load: loading under the strategy draws what loading in __init__ drew
+        self._init_rng = torch.get_rng_state()
+
+    def load(self) -> "FlowPolicy":
+        """Load the weights and set up LoRA or full fine-tuning; once (a later call does nothing). Returns the policy.
+
+        The module calls it in ``configure_model``, under the strategy; a script or a test calls it after building
+        the policy. Everything ``__init__`` exposes (``latent_shape()``, ``sigmas()``, the guidance and prediction
+        kinds) is known before, from the configs alone."""
+        if not self.loaded:
+            with self.initialising():
+                self._load_weights()
+                self._setup_weights()
+            self.loaded = True
+        return self
+
+    @contextmanager
+    def initialising(self) -> Iterator[None]:
+        """Within this context the global RNG continues the policy's own initialisation stream (started when the
+        policy was built): weights initialised here (LoRA adapters, a method's extra adapters) are those that
+        initialising them right after building the policy would give, whatever ran in between."""
+        torch.set_rng_state(self._init_rng)
+        try:
+            yield
+        finally:
+            self._init_rng = torch.get_rng_state()
+
+    def _load_weights(self) -> None:
+        """Load every component's weights (``from_pretrained``)."""
+        raise NotImplementedError
+
+    def _setup_weights(self) -> None:
+        """What follows loading: LoRA or full fine-tuning."""
+        self._setup_trainable(self.denoiser)
 
     def _setup_trainable(self, denoiser: nn.Module) -> None:
         """Freeze everything, then add the LoRA adapter ``default`` to ``denoiser`` or unfreeze it whole (full
