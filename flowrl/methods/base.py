@@ -138,14 +138,15 @@ class BaseModule(Trajectories):
         shard_for_strategy(self.trainer.strategy, self.policy)
         use_atomic_saves(self.trainer.strategy)  # a failed save keeps the previous checkpoint; `last` the newest
 
-    def load_weights(self) -> None:
-        """Load the policy's weights, then run :meth:`setup_weights`; once (a later call does nothing)."""
-        if self.weights_loaded:
-            return
-        self.policy.load()
-        with self.policy.initialising():  # a method's adapters draw after the policy's LoRA, as when built with it
-            self.setup_weights()
-        self.weights_loaded = True
+    def load_weights(self) -> "BaseModule":
+        """Load the policy's weights, then run :meth:`setup_weights`; once (a later call does nothing). Returns the
+        module."""
+        if not self.weights_loaded:
+            self.policy.load()
+            with self.policy.initialising():  # a method's adapters draw after the policy's LoRA, as when built with it
+                self.setup_weights()
+            self.weights_loaded = True
+        return self
 
     def setup_weights(self) -> None:
         """What the method needs from the loaded policy (the frozen reference, extra named adapters); runs once,

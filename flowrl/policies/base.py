@@ -157,12 +157,18 @@ class FlowPolicy(nn.Module):
     @contextmanager
     def initialising(self) -> Iterator[None]:
         """Within this context the global RNG continues the policy's own initialisation stream (started when the
-        policy was built): weights initialised here (LoRA adapters, a method's extra adapters) are those that
-        initialising them right after building the policy would give, whatever ran in between."""
+        policy was built), and tensors are made on the CPU in float32: weights initialised here (LoRA adapters, a
+        method's extra adapters) are those that initialising them right after building the policy would give,
+        whatever ran in between, and Lightning's ``configure_model`` (run under the strategy's device and the
+        precision's default dtype) loads them as a script does; the strategy moves them afterwards."""
+        dtype = torch.get_default_dtype()
         torch.set_rng_state(self._init_rng)
+        torch.set_default_dtype(torch.float32)
         try:
-            yield
+            with torch.device("cpu"):
+                yield
         finally:
+            torch.set_default_dtype(dtype)
             self._init_rng = torch.get_rng_state()
 
     def _load_weights(self) -> None:
