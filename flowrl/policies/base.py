@@ -127,6 +127,8 @@ class FlowPolicy(nn.Module):
     """
 
     default_lora_targets: tuple[str, ...] = ()
+    #: the denoiser's class, whose block lists FSDP2 shards (:data:`flowrl.policies.sharding.SHARDED_BLOCKS`)
+    denoiser_kind: str = ""
     #: What ``velocity`` returns: ``"velocity"`` (flow matching) or ``"epsilon"`` (a diffusion model's noise
     #: prediction, SD1.5); the step kinds of ``flowrl.sampling.steps.PREDICTIONS`` must read the same.
     prediction: str = "velocity"
@@ -170,6 +172,19 @@ class FlowPolicy(nn.Module):
         finally:
             torch.set_default_dtype(dtype)
             self._init_rng = torch.get_rng_state()
+
+    @property
+    def lora_targets(self) -> Optional[list[str]]:
+        """The modules the LoRA adapter trains (peft's ``target_modules``); None: full fine-tuning trains the whole
+        denoiser."""
+        return None if self.lora is None else list(self.lora.target_modules or self.default_lora_targets)
+
+    @property
+    def sharded_blocks(self) -> tuple[str, ...]:
+        """The denoiser's block lists that FSDP2 makes units of (each element of a list, then the denoiser)."""
+        from flowrl.policies.sharding import SHARDED_BLOCKS
+
+        return SHARDED_BLOCKS.get(self.denoiser_kind, ())
 
     def _load_weights(self) -> None:
         """Load every component's weights (``from_pretrained``)."""

@@ -45,6 +45,7 @@ class FluxPolicy(PipelinePolicy):
 
     pipeline_class = FluxPipeline
     default_lora_targets = FLUX_LORA_TARGETS
+    denoiser_kind = "FluxTransformer2DModel"
 
     def __init__(self, model: str = "black-forest-labs/FLUX.1-dev",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,

@@ -110,6 +110,7 @@ class Flux2Policy(PaddedPromptPolicy):
     """
 
     pipeline_class = Flux2KleinPipeline  # per instance: the pipeline its model_index.json names
+    denoiser_kind = "Flux2Transformer2DModel"
 
     def __init__(self, model: str = "black-forest-labs/FLUX.2-klein-base-4B",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,

@@ -74,6 +74,7 @@ class QwenImagePolicy(PaddedPromptPolicy):
 
     pipeline_class = QwenImagePipeline
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
+    denoiser_kind = "QwenImageTransformer2DModel"
 
     def __init__(self, model: str = "Qwen/Qwen-Image", lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0),
                  resolution: int = 512, max_sequence_length: int = 512, negative_prompt: str = "",

@@ -63,6 +63,7 @@ class SD15Policy(PipelinePolicy):
 
     pipeline_class = StableDiffusionPipeline
     default_lora_targets = UNET_LORA_TARGETS
+    denoiser_kind = "UNet2DConditionModel"
     denoiser_name = "unet"
     prediction = "epsilon"
 

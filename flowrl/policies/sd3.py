@@ -50,6 +50,7 @@ class SD3Policy(PipelinePolicy):
 
     pipeline_class = StableDiffusion3Pipeline
     default_lora_targets = SD3_LORA_TARGETS
+    denoiser_kind = "SD3Transformer2DModel"
 
     def __init__(self, model: str = "stabilityai/stable-diffusion-3.5-medium",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,

@@ -34,6 +34,7 @@ class TinyFlowPolicy(FlowPolicy):
     """
 
     default_lora_targets = SD3_LORA_TARGETS
+    denoiser_kind = "SD3Transformer2DModel"
 
     def __init__(self, model: str = "flowrl/tiny-digits", lora: Optional[LoraOptions] = LoraOptions(),
                  activation_offload: bool = False):

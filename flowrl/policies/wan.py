@@ -81,6 +81,7 @@ class WanPolicy(PipelinePolicy):
 
     pipeline_class = WanPipeline
     default_lora_targets = WAN_LORA_TARGETS
+    denoiser_kind = "WanExperts"
 
     def __init__(self, model: str = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), height: int = 240, width: int = 416,

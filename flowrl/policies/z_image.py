@@ -74,6 +74,7 @@ class ZImagePolicy(PaddedPromptPolicy):
 
     pipeline_class = ZImagePipeline
     default_lora_targets = Z_IMAGE_LORA_TARGETS
+    denoiser_kind = "ZImageTransformer2DModel"
 
     def __init__(self, model: str = "Tongyi-MAI/Z-Image",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,

@@ -85,6 +85,7 @@ def test_builds_from_configs_alone(family, request, no_weights):
     assert not list(policy.parameters())
     assert policy.guidance_kind == guidance and policy.conditioning_images == images
     assert policy.prediction == prediction
+    assert policy.sharded_blocks and policy.lora_targets
     if shape is not None:
         assert policy.latent_shape() == shape
     assert len(policy.latent_shape()) in (3, 4)  # [C, h, w] images, [C, f, h, w] videos
@@ -115,6 +116,7 @@ def test_load_is_idempotent_and_the_configs_are_the_loaded_models(family, reques
     assert [n for n, _ in policy.named_parameters()] == list(weights)
     assert all(torch.equal(p, weights[n]) for n, p in policy.named_parameters())
     assert policy.adapter_names == ["default"] and policy.trainable_parameters()
+    assert type(policy.denoiser).__name__ == policy.denoiser_kind
     # what latent_shape() and the checks read before loading is what the loaded models were built with
     for built, loaded in ((policy.denoiser_config, policy.denoiser.config),
                           (getattr(policy, "vae_config", {}), getattr(getattr(policy, "vae", None), "config", {}))):
