@@ -27,5 +27,6 @@ class LoraWeights(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         from flowrl.policies.export import load_lora  # the policies import diffusers; this package does not
 
+        pl_module.load_weights()  # setup runs before configure_model, which loads them otherwise
         if self.adapter not in pl_module.policy.adapter_names:
             load_lora(pl_module.policy, self.folder, self.adapter)

@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    policy = TinyFlowPolicy(args.model).to(args.device).eval()
+    policy = TinyFlowPolicy(args.model).load().to(args.device).eval()
     prompts = [f"red {i % 10} and blue {(i + 3) % 10}" for i in range(args.batch)]
     sigmas = policy.sigmas(args.steps).to(args.device)
     rows_evaluated = [0]

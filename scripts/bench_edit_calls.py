@@ -78,10 +78,10 @@ def edit_model(name: str, root: Path, lora: LoraOptions) -> tuple:
     if name == "qwen_edit":
         path = save_pipeline(QwenImageEditPlusPipeline, qwen_image_edit_components, root / name)
         return QwenImageEditPolicy(str(path), lora=lora, resolution=32, source_area=SOURCE_AREA,
-                                   condition_area=CONDITION_AREA), qwen_edit_transformer
+                                   condition_area=CONDITION_AREA).load(), qwen_edit_transformer
     path = save_pipeline(FluxKontextPipeline, flux_kontext_components, root / name)
     return FluxKontextPolicy(str(path), lora=lora, resolution=32, source_area=32 * 32,
-                             max_sequence_length=16), kontext_transformer
+                             max_sequence_length=16).load(), kontext_transformer
 
 
 def edit_images(name: str, prompts: list[str]) -> Optional[list[list[Tensor]]]:

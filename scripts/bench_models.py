@@ -130,7 +130,7 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
     if name == "tiny":
         from flowrl.policies import TinyFlowPolicy
 
-        return TinyFlowPolicy("flowrl/tiny-digits", lora=lora), cfg_transformer, "flow_grpo", 0.7
+        return TinyFlowPolicy("flowrl/tiny-digits", lora=lora).load(), cfg_transformer, "flow_grpo", 0.7
     from tests.policies.tiny_pipelines import flux_components, save_pipeline, sd3_components
 
     if name == "sd3":
@@ -139,7 +139,7 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
         from flowrl.policies import SD3Policy
 
         path = save_pipeline(StableDiffusion3Pipeline, sd3_components, root / "sd3")
-        policy = SD3Policy(str(path), lora=lora, resolution=32, max_sequence_length=8)
+        policy = SD3Policy(str(path), lora=lora, resolution=32, max_sequence_length=8).load()
         return policy, cfg_transformer, "flow_grpo", 0.7
     if name == "flux":
         from diffusers import FluxPipeline
@@ -147,7 +147,7 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
         from flowrl.policies import FluxPolicy
 
         path = save_pipeline(FluxPipeline, flux_components, root / "flux")
-        policy = FluxPolicy(str(path), lora=lora, resolution=32, max_sequence_length=8)
+        policy = FluxPolicy(str(path), lora=lora, resolution=32, max_sequence_length=8).load()
         return policy, flux_transformer, "flow_grpo", 0.7
     if name in ("qwen_image", "flux2", "zimage", "qwen_edit", "kontext"):
         from scripts.bench_edit_calls import EDIT_MODELS, edit_model
@@ -158,7 +158,7 @@ def build_policy(name: str, root: Path) -> tuple[FlowPolicy, Callable, str, floa
         from tests.policies.tiny_sd15 import save_sd15
 
         path = save_sd15(root / "sd15")
-        return SD15Policy(str(path), lora=lora, resolution=32), ddim_unet, "ddim", 1.0
+        return SD15Policy(str(path), lora=lora, resolution=32).load(), ddim_unet, "ddim", 1.0
     if name.startswith("wan"):
         return wan_model(name, root)
     raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")

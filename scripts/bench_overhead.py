@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--guidance", type=float, default=4.5)
     args = parser.parse_args()
     torch.manual_seed(0)
-    policy = TinyFlowPolicy(args.model)
+    policy = TinyFlowPolicy(args.model).load()
     method = FlowGRPO(policy, num_steps=args.steps, guidance_scale=args.guidance, micro_batch_size=args.micro_batch,
                       cfg_gradient="both")  # the bare loop differentiates both halves too
     prompts = ["red 3 and blue 7"] * args.batch

@@ -131,7 +131,7 @@ def step_times(args, reward) -> list[float]:
     from flowrl.policies import TinyFlowPolicy
 
     torch.manual_seed(0)
-    method = FlowGRPO(TinyFlowPolicy(), num_steps=args.num_steps, micro_batch_size=32,
+    method = FlowGRPO(TinyFlowPolicy().load(), num_steps=args.num_steps, micro_batch_size=32,
                       timestep_fraction=0.25, sample_chunk_size=args.chunk)
     timer = StepTimer()
     trainer = Trainer(accelerator="cpu", max_steps=args.steps, logger=False, enable_progress_bar=False,

@@ -28,7 +28,7 @@ def wan_policy(path: str, frames: int = 9, size: int = 32, checkpointing: bool =
     from flowrl.policies import LoraOptions, WanPolicy
 
     return WanPolicy(path, lora=LoraOptions(rank=4, alpha=8.0), height=size, width=size, num_frames=frames,
-                     max_sequence_length=16, gradient_checkpointing=checkpointing, activation_offload=offload)
+                     max_sequence_length=16, gradient_checkpointing=checkpointing, activation_offload=offload).load()
 
 
 def wan_model(name: str, root: Path) -> tuple:

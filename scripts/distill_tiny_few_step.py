@@ -54,7 +54,7 @@ def main(argv=None) -> dict:
     if args.teacher_steps % args.steps:
         parser.error(f"--teacher_steps={args.teacher_steps} must be a multiple of --steps={args.steps}")
     torch.manual_seed(args.seed)
-    policy = TinyFlowPolicy("flowrl/tiny-digits", lora=LoraOptions(rank=args.rank, alpha=2 * args.rank))
+    policy = TinyFlowPolicy("flowrl/tiny-digits", lora=LoraOptions(rank=args.rank, alpha=2 * args.rank)).load()
     reward = DigitAlignment()
     reward.load("cpu")
     train, val = load_prompts("configs/prompts/digits_train_large.txt"), load_prompts("configs/prompts/digits_val.txt")

@@ -8,7 +8,7 @@ from flowrl.model_paths import resolve_model
 
 
 def test_loads_from_a_folder_and_runs_cfg(tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4)).load()
     cond = policy.encode(["red 3 and blue 7", "green 1 and red 2"])
     assert cond.embeds.shape == (2, 8, 32) and cond.null_pooled.shape == (2, 32)
     z, sigma = torch.randn(2, 3, 16, 16), torch.tensor([0.9, 0.4])
@@ -23,7 +23,7 @@ def test_loads_from_a_folder_and_runs_cfg(tiny_model_dir):
 
 
 def test_lora_trains_only_adapters_and_reference_disables_them(tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4)).load()
     names = [n for n, p in policy.named_parameters() if p.requires_grad]
     assert names and all("lora_" in n for n in names)
     for p in policy.trainable_parameters():  # move the adapters away from their identity init (B = 0)
@@ -35,14 +35,14 @@ def test_lora_trains_only_adapters_and_reference_disables_them(tiny_model_dir):
         with policy.reference():
             ref = policy.velocity(z, sigma, cond)
         again = policy.velocity(z, sigma, cond)
-    fresh = TinyFlowPolicy(tiny_model_dir, lora=None)
+    fresh = TinyFlowPolicy(tiny_model_dir, lora=None).load()
     with torch.no_grad():
         base = fresh.velocity(z, sigma, fresh.encode(["red 3 and blue 7"]))
     assert torch.allclose(ref, base, atol=1e-6) and not torch.allclose(trained, ref) and torch.equal(trained, again)
 
 
 def test_full_finetune_reference_is_a_frozen_copy(tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=None)
+    policy = TinyFlowPolicy(tiny_model_dir, lora=None).load()
     with pytest.raises(RuntimeError, match="setup_reference"):
         with policy.reference():
             pass

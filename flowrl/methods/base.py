@@ -103,6 +103,7 @@ class BaseModule(Trajectories):
         self.step_kind = ODE_STEPS[policy.prediction]  # training rollouts: the ODE unless a method samples an SDE
         self.completions: Optional[Completions] = None  # dense step-reward methods set one
         self.unlogged_evaluations = 0.0  # evaluations spent outside rollouts (calibration), counted at the next log
+        self.weights_loaded = False  # configure_model loads them (load_weights)
 
     @classmethod
     def check_options(cls, o) -> list[str]:
@@ -134,9 +135,25 @@ class BaseModule(Trajectories):
         return self.optimizer_factory(self.policy.trainable_parameters())
 
     def configure_model(self) -> None:
-        # Lightning calls this under every strategy, before the optimizers exist; only FSDP2 changes the model here
+        # Lightning calls this under every strategy, before the optimizers exist: the weights load here, not when the
+        # objects are built, so that every check before it ran on configs alone; only FSDP2 changes the model here
+        self.load_weights()
         shard_for_strategy(self.trainer.strategy, self.policy)
         use_atomic_saves(self.trainer.strategy)  # a failed save keeps the previous checkpoint; `last` the newest
+
+    def load_weights(self) -> "BaseModule":
+        """Load the policy's weights, then run :meth:`setup_weights`; once (a later call does nothing). Returns the
+        module."""
+        if not self.weights_loaded:
+            self.policy.load()
+            with self.policy.initialising():  # a method's adapters draw after the policy's LoRA, as when built with it
+                self.setup_weights()
+            self.weights_loaded = True
+        return self
+
+    def setup_weights(self) -> None:
+        """What the method needs from the loaded policy (the frozen reference, extra named adapters); runs once,
+        right after the policy's weights load."""
 
     def on_fit_start(self) -> None:
         if not len(self.reward_set):

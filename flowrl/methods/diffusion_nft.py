@@ -85,8 +85,11 @@ class DiffusionNFT(BaseModule):
         self.advantage_clip, self.advantage_mode, self.timestep_fraction = (advantage_clip, advantage_mode,
                                                                             timestep_fraction)
         self.num_minibatches, self.micro_batch_size, self.old_decay = num_minibatches, micro_batch_size, old_decay
-        policy.add_adapter(self.named_adapters[0], policy.lora, trainable=False)
-        follow(policy, "old", "default", 0.0)  # a copy
+
+    def setup_weights(self) -> None:
+        super().setup_weights()
+        self.policy.add_adapter(self.named_adapters[0], self.policy.lora, trainable=False)
+        follow(self.policy, "old", "default", 0.0)  # a copy
 
     @classmethod
     def check_options(cls, o) -> list[str]:

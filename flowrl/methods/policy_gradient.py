@@ -72,8 +72,11 @@ class PolicyGradient(BaseModule):
                              num_minibatches=num_minibatches, micro_batch_size=micro_batch_size,
                              check_ratio=check_ratio, check_ratio_threshold=check_ratio_threshold,
                              recompute_log_probs=recompute_log_probs)
-        if beta > 0:
-            policy.setup_reference()
+
+    def setup_weights(self) -> None:
+        super().setup_weights()
+        if self.ppo.beta > 0:  # the KL's reference: full fine-tuning copies the loaded weights
+            self.policy.setup_reference()
 
     @classmethod
     def check_options(cls, o) -> list[str]:

@@ -95,13 +95,18 @@ class TDMR1(BaseModule):
         self.micro_batch_size = micro_batch_size
         self.trunc_steps = num_steps if trunc_steps is None else trunc_steps
         self.adapter_optimizer_options = dict(adapter_optimizer_options or {})
+        self.generator_init = generator_init
+
+    def setup_weights(self) -> None:
+        super().setup_weights()
+        policy = self.policy
         fresh = dataclasses.replace(policy.lora, init=None)  # the others start as peft starts them
         for name in self.named_adapters:
             policy.add_adapter(name, fresh, trainable=name in ADAPTERS)
-        if generator_init is not None:
+        if self.generator_init is not None:
             from flowrl.policies.adapter_weights import load_adapter
 
-            load_adapter(policy, "default", generator_init)
+            load_adapter(policy, "default", self.generator_init)
         follow(policy, "surrogate_old", "surrogate", 0.0)  # a copy
 
     @classmethod

@@ -127,6 +127,8 @@ class FlowPolicy(nn.Module):
     """
 
     default_lora_targets: tuple[str, ...] = ()
+    #: the denoiser's class, whose block lists FSDP2 shards (:data:`flowrl.policies.sharding.SHARDED_BLOCKS`)
+    denoiser_kind: str = ""
     #: What ``velocity`` returns: ``"velocity"`` (flow matching) or ``"epsilon"`` (a diffusion model's noise
     #: prediction, SD1.5); the step kinds of ``flowrl.sampling.steps.PREDICTIONS`` must read the same.
     prediction: str = "velocity"
@@ -134,7 +136,63 @@ class FlowPolicy(nn.Module):
     def __init__(self, lora: Optional[LoraOptions] = None, activation_offload: bool = False):
         super().__init__()
         self.lora, self.activation_offload = lora, activation_offload
+        self.denoiser: Optional[nn.Module] = None  # :meth:`load` sets it
         self.reference_denoiser: Optional[nn.Module] = None
+        self.loaded = False
+        # the random initialisation (LoRA, a method's extra adapters) draws from the RNG as it was when the policy
+        # was built, whenever the weights load: loading under the strategy draws what loading in __init__ drew
+        self._init_rng = torch.get_rng_state()
+
+    def load(self) -> "FlowPolicy":
+        """Load the weights and set up LoRA or full fine-tuning; once (a later call does nothing). Returns the policy.
+
+        The module calls it in ``configure_model``, under the strategy; a script or a test calls it after building
+        the policy. Everything ``__init__`` exposes (``latent_shape()``, ``sigmas()``, the guidance and prediction
+        kinds) is known before, from the configs alone."""
+        if not self.loaded:
+            with self.initialising():
+                self._load_weights()
+                self._setup_weights()
+            self.loaded = True
+        return self
+
+    @contextmanager
+    def initialising(self) -> Iterator[None]:
+        """Within this context the global RNG continues the policy's own initialisation stream (started when the
+        policy was built), and tensors are made on the CPU in float32: weights initialised here (LoRA adapters, a
+        method's extra adapters) are those that initialising them right after building the policy would give,
+        whatever ran in between, and Lightning's ``configure_model`` (run under the strategy's device and the
+        precision's default dtype) loads them as a script does; the strategy moves them afterwards."""
+        dtype = torch.get_default_dtype()
+        torch.set_rng_state(self._init_rng)
+        torch.set_default_dtype(torch.float32)
+        try:
+            with torch.device("cpu"):
+                yield
+        finally:
+            torch.set_default_dtype(dtype)
+            self._init_rng = torch.get_rng_state()
+
+    @property
+    def lora_targets(self) -> Optional[list[str]]:
+        """The modules the LoRA adapter trains (peft's ``target_modules``); None: full fine-tuning trains the whole
+        denoiser."""
+        return None if self.lora is None else list(self.lora.target_modules or self.default_lora_targets)
+
+    @property
+    def sharded_blocks(self) -> tuple[str, ...]:
+        """The denoiser's block lists that FSDP2 makes units of (each element of a list, then the denoiser)."""
+        from flowrl.policies.sharding import SHARDED_BLOCKS
+
+        return SHARDED_BLOCKS.get(self.denoiser_kind, ())
+
+    def _load_weights(self) -> None:
+        """Load every component's weights (``from_pretrained``)."""
+        raise NotImplementedError
+
+    def _setup_weights(self) -> None:
+        """What follows loading: LoRA or full fine-tuning."""
+        self._setup_trainable(self.denoiser)
 
     def _setup_trainable(self, denoiser: nn.Module) -> None:
         """Freeze everything, then add the LoRA adapter ``default`` to ``denoiser`` or unfreeze it whole (full

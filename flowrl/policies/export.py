@@ -109,13 +109,13 @@ def find_run_config(ckpt: Path) -> Path:
 
 
 def policy_from_spec(spec: dict) -> FlowPolicy:
-    """Instantiates a policy spec ``{class_path, init_args}`` as the CLI parses it (the frozen weights load from its
-    model path)."""
+    """Instantiates a policy spec ``{class_path, init_args}`` as the CLI parses it and loads its weights (from its
+    model path): the one loading function of export and evaluate."""
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(FlowPolicy, "policy")
-    return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy
+    return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy.load()
 
 
 def policy_from_config(config: Path) -> FlowPolicy:

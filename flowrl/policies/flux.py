@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.model_paths import resolve_model
+from flowrl.policies.component_configs import component_config
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.sd3 import resolution_problem
 
@@ -44,6 +45,7 @@ class FluxPolicy(PipelinePolicy):
 
     pipeline_class = FluxPipeline
     default_lora_targets = FLUX_LORA_TARGETS
+    denoiser_kind = "FluxTransformer2DModel"
 
     def __init__(self, model: str = "black-forest-labs/FLUX.1-dev",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,
@@ -52,21 +54,24 @@ class FluxPolicy(PipelinePolicy):
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
         super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
                          activation_offload)
-        path = resolve_model(model)
+        self.path = resolve_model(model)
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
-        self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=self.torch_dtype).eval()
-        if problem := resolution_problem(resolution, self.vae_scale_factor * 2):  # latents pack in 2x2 patches
-            raise ValueError(problem)
-        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
+        self.vae_config = component_config(AutoencoderKL, self.path, "vae")
+        self.denoiser_config = component_config(FluxTransformer2DModel, self.path, "transformer")
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(self.path, subfolder="scheduler")
+        self.guidance_kind = "embedded" if self.denoiser_config.guidance_embeds else "none"  # [dev]; [schnell]
+        # latents pack in 2x2 patches
+        self.check_problems([p for p in [resolution_problem(resolution, self.vae_scale_factor * 2)] if p])
+
+    def _load_weights(self) -> None:
+        path, dtype = self.path, self.torch_dtype
+        self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=dtype).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
         self.tokenizer_2 = AutoTokenizer.from_pretrained(path, subfolder="tokenizer_2")
-        self.text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", dtype=self.torch_dtype).eval()
-        self.text_encoder_2 = T5EncoderModel.from_pretrained(
-            path, subfolder="text_encoder_2", dtype=self.torch_dtype).eval()
+        self.text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", dtype=dtype).eval()
+        self.text_encoder_2 = T5EncoderModel.from_pretrained(path, subfolder="text_encoder_2", dtype=dtype).eval()
         self.denoiser = FluxTransformer2DModel.from_pretrained(path, subfolder="transformer",
                                                                torch_dtype=self.denoiser_dtype)
-        self.guidance_kind = "embedded" if self.denoiser.config.guidance_embeds else "none"  # [dev]; [schnell]
-        self._finish_setup()
 
     @classmethod
     def guidance_kind_of(cls, model: Optional[str]) -> Optional[str]:
@@ -124,7 +129,7 @@ class FluxPolicy(PipelinePolicy):
 
     def latent_shape(self) -> tuple[int, ...]:
         size = 2 * (self.resolution // (self.vae_scale_factor * 2))
-        return (self.denoiser.config.in_channels // 4, size, size)
+        return (self.denoiser_config.in_channels // 4, size, size)
 
     def sigmas(self, num_steps: int) -> Tensor:
         """``[T + 1]`` float32 as ``FluxPipeline``: ``linspace(1, 1/T, T)`` shifted by ``mu`` of the image's token

@@ -28,6 +28,7 @@ from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu,
 from torch import Tensor
 
 from flowrl.model_paths import resolve_model
+from flowrl.policies.component_configs import component_config
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.padded_prompts import PaddedPromptPolicy
 from flowrl.policies.sd3 import resolution_problem
@@ -109,6 +110,7 @@ class Flux2Policy(PaddedPromptPolicy):
     """
 
     pipeline_class = Flux2KleinPipeline  # per instance: the pipeline its model_index.json names
+    denoiser_kind = "Flux2Transformer2DModel"
 
     def __init__(self, model: str = "black-forest-labs/FLUX.2-klein-base-4B",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,
@@ -117,25 +119,27 @@ class Flux2Policy(PaddedPromptPolicy):
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
         super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
                          activation_offload)
-        path = resolve_model(model)
-        index = DiffusionPipeline.load_config(path)  # model_index.json: the pipeline class and its config
-        pipeline = index.get("_class_name", "?")
-        blocks = AutoencoderKLFlux2.load_config(path, subfolder="vae").get("block_out_channels", [128] * 4)
-        if problems := flux2_problems(pipeline, resolution, 2 ** (len(blocks) - 1), max_sequence_length):
-            raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
-        self.pipeline_class = PIPELINES[pipeline]
-        self.is_distilled = bool(index.get("is_distilled", False))  # step-distilled [klein]
+        self.path = resolve_model(model)
+        index = DiffusionPipeline.load_config(self.path)  # model_index.json: the pipeline class and its config
+        self.pipeline_name = index.get("_class_name", "?")
+        self.vae_config = component_config(AutoencoderKLFlux2, self.path, "vae")
+        self.denoiser_config = component_config(Flux2Transformer2DModel, self.path, "transformer")
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
-        self.vae = AutoencoderKLFlux2.from_pretrained(path, subfolder="vae", torch_dtype=self.torch_dtype).eval()
-        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
-        self.tokenizer, self.text_encoder = _text_encoder(pipeline, path, self.torch_dtype)
-        self.denoiser = Flux2Transformer2DModel.from_pretrained(path, subfolder="transformer",
-                                                                torch_dtype=self.denoiser_dtype)
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(self.path, subfolder="scheduler")
+        self.check_problems(flux2_problems(self.pipeline_name, resolution, self.vae_scale_factor,
+                                           max_sequence_length))
+        self.pipeline_class = PIPELINES[self.pipeline_name]
+        self.is_distilled = bool(index.get("is_distilled", False))  # step-distilled [klein]
         # true CFG only for the [klein] base models: step-distilled [klein] and guidance-distilled [dev] have none
-        self.classifier_free = not (self.is_distilled or self.denoiser.config.guidance_embeds)
-        self.guidance_kind = flux2_guidance(index, self.denoiser.config)
-        self.default_lora_targets = flux2_lora_targets(len(self.denoiser.single_transformer_blocks))
-        self._finish_setup()
+        self.classifier_free = not (self.is_distilled or self.denoiser_config.guidance_embeds)
+        self.guidance_kind = flux2_guidance(index, self.denoiser_config)
+        self.default_lora_targets = flux2_lora_targets(self.denoiser_config.num_single_layers)
+
+    def _load_weights(self) -> None:
+        self.vae = AutoencoderKLFlux2.from_pretrained(self.path, subfolder="vae", torch_dtype=self.torch_dtype).eval()
+        self.tokenizer, self.text_encoder = _text_encoder(self.pipeline_name, self.path, self.torch_dtype)
+        self.denoiser = Flux2Transformer2DModel.from_pretrained(self.path, subfolder="transformer",
+                                                                torch_dtype=self.denoiser_dtype)
 
     @classmethod
     def guidance_kind_of(cls, model: Optional[str]) -> Optional[str]:
@@ -196,7 +200,7 @@ class Flux2Policy(PaddedPromptPolicy):
 
     def latent_shape(self) -> tuple[int, ...]:
         size = self.resolution // (self.vae_scale_factor * 2)
-        return (self.denoiser.config.in_channels, size, size)
+        return (self.denoiser_config.in_channels, size, size)
 
     def sigmas(self, num_steps: int) -> Tensor:
         """``[T + 1]`` float32 as the FLUX.2 pipelines: ``linspace(1, 1/T, T)`` (or the scheduler's own grid with

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.flux import FLUX_LORA_TARGETS, FluxPolicy
+from flowrl.policies.pipeline_policy import joined_problems
 from flowrl.policies.sharding import is_sharded
 from flowrl.policies.source_latents import SOURCE, SOURCE_GRID, SourceCache, by_layout, count_problem
 from flowrl.rewards.pil_images import to_pil
@@ -84,10 +85,9 @@ class FluxKontextPolicy(FluxPolicy):
                             "packing need 16 px sides), or null (the pipeline's preferred resolutions)")
         if image_cache_size < 0:
             problems.append(f"policy.image_cache_size={image_cache_size} must be >= 0 (0 disables the cache)")
-        if problems:
-            raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
-        super().__init__(model, lora, resolution, max_sequence_length, torch_dtype, autocast, gradient_checkpointing,
-                         vae_chunk_size, prompt_cache_size, activation_offload)
+        with joined_problems(problems):
+            super().__init__(model, lora, resolution, max_sequence_length, torch_dtype, autocast,
+                             gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload)
         self.source_area = source_area
         self.sources = SourceCache(image_cache_size)
 

@@ -11,8 +11,8 @@ weights (the frozen ones reload from the model path).
 from __future__ import annotations
 
 from collections import OrderedDict
-from contextlib import nullcontext
-from typing import ClassVar, Optional
+from contextlib import contextmanager, nullcontext
+from typing import ClassVar, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -43,6 +43,26 @@ def precision_problems(torch_dtype: str, autocast: Optional[str], vae_chunk_size
     return problems
 
 
+class PolicyOptionsError(ValueError):
+    """The problems of a policy's options, all of them (``problems``), one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid policy settings:\n  " + "\n  ".join(self.problems))
+
+
+@contextmanager
+def joined_problems(problems: list[str]) -> Iterator[None]:
+    """Around a subclass's ``super().__init__(...)``: the parent's problems and the subclass's ``problems`` raised
+    together (the subclass checks its own options before the parent's ``__init__`` runs)."""
+    try:
+        yield
+    except PolicyOptionsError as err:
+        raise PolicyOptionsError([*err.problems, *problems]) from None
+    if problems:
+        raise PolicyOptionsError(problems)
+
+
 class PromptCache:
     """Least-recently-used cache of per-prompt encodings (a tuple of unbatched tensors per prompt).
 
@@ -70,7 +90,8 @@ class PromptCache:
 
 
 class PipelinePolicy(FlowPolicy):
-    """Base of the pipeline-backed adapters. Subclasses load their components, then call ``_finish_setup``, and
+    """Base of the pipeline-backed adapters. Subclasses read their configs in ``__init__`` (``vae_config``,
+    ``denoiser_config``) and end it with ``check_problems``, load their components in ``_load_weights``, and
     implement ``components`` (the pipeline's constructor arguments), ``_encode_batch``, ``_forward``,
     ``latent_shape`` and ``sigmas``.
 
@@ -91,11 +112,11 @@ class PipelinePolicy(FlowPolicy):
     def __init__(self, lora: Optional[LoraOptions], torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
-        if problems := precision_problems(torch_dtype, autocast, vae_chunk_size, prompt_cache_size):
-            raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
         super().__init__(lora, activation_offload)
-        self.torch_dtype = DTYPES[torch_dtype]
-        self.autocast_dtype = DTYPES[autocast] if autocast else None
+        # raised with the family's own problems by check_problems, at the end of the family's __init__
+        self.option_problems = precision_problems(torch_dtype, autocast, vae_chunk_size, prompt_cache_size)
+        self.torch_dtype = DTYPES.get(torch_dtype, torch.float32)
+        self.autocast_dtype = DTYPES.get(autocast) if autocast else None
         self.gradient_checkpointing, self.vae_chunk_size = gradient_checkpointing, vae_chunk_size
         self.prompt_cache = PromptCache(prompt_cache_size)
 
@@ -104,7 +125,16 @@ class PipelinePolicy(FlowPolicy):
         """The dtype the transformer's frozen weights are in (full fine-tuning trains float32 weights)."""
         return self.torch_dtype if self.lora is not None else torch.float32
 
-    def _finish_setup(self) -> None:
+    def check_problems(self, problems: list[str] = ()) -> None:
+        """Raise every problem of the options (the precision options' and the family's ``problems``) together.
+
+        Raises:
+            ValueError: one line per problem, each naming the key and the fix.
+        """
+        if found := [*self.option_problems, *problems]:
+            raise PolicyOptionsError(found)
+
+    def _setup_weights(self) -> None:
         """LoRA or full fine-tuning, float32 trainable weights, checkpointing, and checkpoints of trained weights."""
         self._setup_trainable(self.denoiser)
         for p in self.trainable_parameters():
@@ -159,7 +189,7 @@ class PipelinePolicy(FlowPolicy):
 
     @property
     def vae_scale_factor(self) -> int:
-        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+        return 2 ** (len(self.vae_config["block_out_channels"]) - 1)
 
     def decode(self, latents: Tensor) -> Tensor:
         """Images ``[B, 3, H, W]`` in ``[0, 1]`` from latents ``[B, C, h, w]``, ``vae_chunk_size`` at a time."""

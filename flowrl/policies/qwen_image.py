@@ -27,6 +27,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from flowrl.model_paths import resolve_model
+from flowrl.policies.component_configs import component_config
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.padded_prompts import MASK, PaddedPromptPolicy, unpadded
 from flowrl.policies.sd3 import resolution_problem
@@ -73,6 +74,7 @@ class QwenImagePolicy(PaddedPromptPolicy):
 
     pipeline_class = QwenImagePipeline
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
+    denoiser_kind = "QwenImageTransformer2DModel"
 
     def __init__(self, model: str = "Qwen/Qwen-Image", lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0),
                  resolution: int = 512, max_sequence_length: int = 512, negative_prompt: str = "",
@@ -80,22 +82,23 @@ class QwenImagePolicy(PaddedPromptPolicy):
                  vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
         super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
                          activation_offload)
-        path = resolve_model(model)
-        vae_config = AutoencoderKLQwenImage.load_config(path, subfolder="vae")
-        transformer_config = QwenImageTransformer2DModel.load_config(path, subfolder="transformer")
-        factor = 2 ** len(vae_config.get("temperal_downsample", [False, True, True]))
-        if problems := qwen_image_problems(resolution, factor, max_sequence_length, transformer_config):
-            raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
+        self.path = resolve_model(model)
+        self.vae_config = component_config(AutoencoderKLQwenImage, self.path, "vae")
+        self.denoiser_config = component_config(QwenImageTransformer2DModel, self.path, "transformer")
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
         self.negative_prompt = negative_prompt
-        self.vae = AutoencoderKLQwenImage.from_pretrained(path, subfolder="vae", torch_dtype=self.torch_dtype).eval()
-        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(self.path, subfolder="scheduler")
+        self.check_problems(qwen_image_problems(resolution, self.vae_scale_factor, max_sequence_length,
+                                                self.denoiser_config))
+
+    def _load_weights(self) -> None:
+        path, dtype = self.path, self.torch_dtype
+        self.vae = AutoencoderKLQwenImage.from_pretrained(path, subfolder="vae", torch_dtype=dtype).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
         self.text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            path, subfolder="text_encoder", dtype=self.torch_dtype).eval()
+            path, subfolder="text_encoder", dtype=dtype).eval()
         self.denoiser = QwenImageTransformer2DModel.from_pretrained(path, subfolder="transformer",
                                                                     torch_dtype=self.denoiser_dtype)
-        self._finish_setup()
 
     def components(self) -> dict:
         return dict(transformer=self.denoiser, scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder,
@@ -103,7 +106,7 @@ class QwenImagePolicy(PaddedPromptPolicy):
 
     @property
     def vae_scale_factor(self) -> int:
-        return 2 ** len(self.vae.temperal_downsample)  # as QwenImagePipeline
+        return 2 ** len(self.vae_config["temperal_downsample"])  # as QwenImagePipeline
 
     def _encode_rows(self, prompts: list[str]) -> list[Tensor]:
         embeds, mask = self.pipeline().encode_prompt(prompt=prompts, device=self.text_encoder.device,
@@ -152,7 +155,7 @@ class QwenImagePolicy(PaddedPromptPolicy):
 
     def latent_shape(self) -> tuple[int, ...]:
         size = 2 * (self.resolution // (self.vae_scale_factor * 2))
-        return (self.denoiser.config.in_channels // 4, size, size)
+        return (self.denoiser_config.in_channels // 4, size, size)
 
     def sigmas(self, num_steps: int) -> Tensor:
         """``[T + 1]`` float32 as ``QwenImagePipeline``: ``linspace(1, 1/T, T)`` shifted by ``mu`` of the packed

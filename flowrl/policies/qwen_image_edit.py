@@ -38,6 +38,7 @@ from torch import Tensor
 from flowrl.model_paths import resolve_model
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.padded_prompts import MASK, pad_rows, unpadded
+from flowrl.policies.pipeline_policy import joined_problems
 from flowrl.policies.qwen_image import MAX_SEQUENCE_LENGTH, QwenImagePolicy
 from flowrl.policies.sharding import is_sharded
 from flowrl.policies.source_latents import SOURCE, SOURCE_GRID, SourceCache, by_layout, count_problem, row_key
@@ -105,17 +106,21 @@ class QwenImageEditPolicy(QwenImagePolicy):
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
         path = resolve_model(model)
         index = DiffusionPipeline.load_config(path)  # the pipeline class and the processor's, before any weight
-        if problems := qwen_image_edit_problems(index, source_area, condition_area, image_cache_size):
-            raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
-        super().__init__(path, lora, resolution, MAX_SEQUENCE_LENGTH, negative_prompt, torch_dtype, autocast,
-                         gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload)
+        with joined_problems(qwen_image_edit_problems(index, source_area, condition_area, image_cache_size)):
+            super().__init__(path, lora, resolution, MAX_SEQUENCE_LENGTH, negative_prompt, torch_dtype, autocast,
+                             gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload)
         self.pipeline_class = PIPELINES[index["_class_name"]]
         self.plus = self.pipeline_class is QwenImageEditPlusPipeline
         self.conditioning_images = -1 if self.plus else 1
         self.source_area, self.condition_area = source_area, condition_area
-        library, name = index["processor"]  # loaded as diffusers loads a pipeline component
-        self.processor = getattr(importlib.import_module(library), name).from_pretrained(path, subfolder="processor")
+        self.processor_class = index["processor"]  # loaded as diffusers loads a pipeline component
         self.sources = SourceCache(image_cache_size)
+
+    def _load_weights(self) -> None:
+        super()._load_weights()
+        library, name = self.processor_class
+        self.processor = getattr(importlib.import_module(library), name).from_pretrained(self.path,
+                                                                                         subfolder="processor")
 
     def components(self) -> dict:
         return {**super().components(), "processor": self.processor}

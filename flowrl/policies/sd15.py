@@ -26,6 +26,7 @@ from transformers import CLIPTextModel, CLIPTokenizer
 
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.model_paths import resolve_model
+from flowrl.policies.component_configs import component_config
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.sd3 import resolution_problem
 
@@ -62,6 +63,7 @@ class SD15Policy(PipelinePolicy):
 
     pipeline_class = StableDiffusionPipeline
     default_lora_targets = UNET_LORA_TARGETS
+    denoiser_kind = "UNet2DConditionModel"
     denoiser_name = "unet"
     prediction = "epsilon"
 
@@ -71,28 +73,31 @@ class SD15Policy(PipelinePolicy):
                  vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
         super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
                          activation_offload)
-        path = resolve_model(model)
+        self.path = resolve_model(model)
         self.resolution = resolution
-        self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=self.torch_dtype).eval()
-        unet_config = UNet2DConditionModel.load_config(path, subfolder="unet")
-        if problem := resolution_problem(resolution, self.vae_scale_factor
-                                         * 2 ** (len(unet_config["down_block_types"]) - 1)):
-            raise ValueError(problem)
-        self.scheduler = DDIMScheduler.from_pretrained(path, subfolder="scheduler")
-        self.tokenizer = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer")
-        self.text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder",
-                                                          dtype=self.torch_dtype).eval()
-        self.denoiser = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=self.denoiser_dtype)
+        self.vae_config = component_config(AutoencoderKL, self.path, "vae")
+        self.denoiser_config = component_config(UNet2DConditionModel, self.path, "unet")
+        self.scheduler = DDIMScheduler.from_pretrained(self.path, subfolder="scheduler")
         # StableDiffusionPipeline normalises legacy scheduler configs when it is built (steps_offset 1, clip_sample
         # false, with diffusers' deprecation warning): build one now so the schedule is the pipeline's from the start
-        self.pipeline()
+        self.pipeline_class(vae=None, text_encoder=None, tokenizer=None, unet=None, scheduler=self.scheduler,
+                            safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+        problems = [p for p in [resolution_problem(
+            resolution, self.vae_scale_factor * 2 ** (len(self.denoiser_config.down_block_types) - 1))] if p]
         cfg = self.scheduler.config
         if cfg.prediction_type != "epsilon" or cfg.thresholding:
-            raise ValueError(f"{model}: scheduler prediction_type={cfg.prediction_type!r}, thresholding="
-                             f"{cfg.thresholding}; SD15Policy's ddim step implements epsilon prediction without "
-                             "thresholding (SD1.x); v-prediction models (SD2.x 768 px) are not supported")
+            problems.append(f"{model}: scheduler prediction_type={cfg.prediction_type!r}, thresholding="
+                            f"{cfg.thresholding}; SD15Policy's ddim step implements epsilon prediction without "
+                            "thresholding (SD1.x); v-prediction models (SD2.x 768 px) are not supported")
+        self.check_problems(problems)
         self._sigma_grid = noise_to_signal(self.scheduler.alphas_cumprod)  # [num_train_timesteps], by timestep
-        self._finish_setup()
+
+    def _load_weights(self) -> None:
+        path, dtype = self.path, self.torch_dtype
+        self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=dtype).eval()
+        self.tokenizer = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer")
+        self.text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", dtype=dtype).eval()
+        self.denoiser = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=self.denoiser_dtype)
 
     def components(self) -> dict:
         return dict(vae=self.vae, text_encoder=self.text_encoder, tokenizer=self.tokenizer, unet=self.denoiser,
@@ -119,7 +124,7 @@ class SD15Policy(PipelinePolicy):
 
     def latent_shape(self) -> tuple[int, ...]:
         size = self.resolution // self.vae_scale_factor
-        return (self.denoiser.config.in_channels, size, size)
+        return (self.denoiser_config.in_channels, size, size)
 
     def sigmas(self, num_steps: int) -> Tensor:
         """``[T + 1]`` float32 noise-to-signal ratios of the scheduler's DDIM timesteps, then of its final alpha.

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderMo
 
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.model_paths import resolve_model
+from flowrl.policies.component_configs import component_config
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.tiny import SD3_LORA_TARGETS
 
@@ -49,6 +50,7 @@ class SD3Policy(PipelinePolicy):
 
     pipeline_class = StableDiffusion3Pipeline
     default_lora_targets = SD3_LORA_TARGETS
+    denoiser_kind = "SD3Transformer2DModel"
 
     def __init__(self, model: str = "stabilityai/stable-diffusion-3.5-medium",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,
@@ -57,25 +59,30 @@ class SD3Policy(PipelinePolicy):
                  vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
         super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
                          activation_offload)
-        path = resolve_model(model)
+        self.path = resolve_model(model)
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
-        self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=self.torch_dtype).eval()
-        patch = SD3Transformer2DModel.load_config(path, subfolder="transformer")["patch_size"]
-        if problem := resolution_problem(resolution, self.vae_scale_factor * patch):
-            raise ValueError(problem)
-        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
+        self.text_encoder_3_enabled = text_encoder_3
+        self.vae_config = component_config(AutoencoderKL, self.path, "vae")
+        self.denoiser_config = component_config(SD3Transformer2DModel, self.path, "transformer")
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(self.path, subfolder="scheduler")
+        self.check_problems([p for p in [resolution_problem(
+            resolution, self.vae_scale_factor * self.denoiser_config.patch_size)] if p])
+
+    def _load_weights(self) -> None:
+        path, dtype = self.path, self.torch_dtype
+        self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=dtype).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
         self.tokenizer_2 = AutoTokenizer.from_pretrained(path, subfolder="tokenizer_2")
         self.text_encoder = CLIPTextModelWithProjection.from_pretrained(
-            path, subfolder="text_encoder", dtype=self.torch_dtype).eval()
+            path, subfolder="text_encoder", dtype=dtype).eval()
         self.text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(
-            path, subfolder="text_encoder_2", dtype=self.torch_dtype).eval()
-        self.tokenizer_3 = AutoTokenizer.from_pretrained(path, subfolder="tokenizer_3") if text_encoder_3 else None
+            path, subfolder="text_encoder_2", dtype=dtype).eval()
+        three = self.text_encoder_3_enabled
+        self.tokenizer_3 = AutoTokenizer.from_pretrained(path, subfolder="tokenizer_3") if three else None
         self.text_encoder_3 = T5EncoderModel.from_pretrained(
-            path, subfolder="text_encoder_3", dtype=self.torch_dtype).eval() if text_encoder_3 else None
+            path, subfolder="text_encoder_3", dtype=dtype).eval() if three else None
         self.denoiser = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer",
                                                               torch_dtype=self.denoiser_dtype)
-        self._finish_setup()
 
     def components(self) -> dict:
         return dict(transformer=self.denoiser, scheduler=self.scheduler, vae=self.vae,
@@ -98,14 +105,14 @@ class SD3Policy(PipelinePolicy):
 
     def latent_shape(self) -> tuple[int, ...]:
         size = self.resolution // self.vae_scale_factor
-        return (self.denoiser.config.in_channels, size, size)
+        return (self.denoiser_config.in_channels, size, size)
 
     def sigmas(self, num_steps: int) -> Tensor:
         """``[T + 1]`` float32 from the scheduler's own grid and shift (dynamic shift if configured), ending at 0."""
         cfg = self.scheduler.config
         kwargs = {}
         if cfg.get("use_dynamic_shifting"):
-            seq_len = (self.latent_shape()[1] // self.denoiser.config.patch_size) ** 2
+            seq_len = (self.latent_shape()[1] // self.denoiser_config.patch_size) ** 2
             kwargs["mu"] = calculate_shift(seq_len, cfg.get("base_image_seq_len", 256),
                                            cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.5),
                                            cfg.get("max_shift", 1.16))

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, CLIPTextModelWithProjection
 
 from flowrl.policies.base import Conditioning, FlowPolicy, LoraOptions
 from flowrl.model_paths import resolve_model
+from flowrl.policies.component_configs import component_config
 
 SD3_LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
@@ -33,17 +34,21 @@ class TinyFlowPolicy(FlowPolicy):
     """
 
     default_lora_targets = SD3_LORA_TARGETS
+    denoiser_kind = "SD3Transformer2DModel"
 
     def __init__(self, model: str = "flowrl/tiny-digits", lora: Optional[LoraOptions] = LoraOptions(),
                  activation_offload: bool = False):
         super().__init__(lora, activation_offload)
-        path = resolve_model(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
-        self.text_encoder = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder").eval()
-        self.denoiser = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer")
-        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
-        self._setup_trainable(self.denoiser)
+        self.path = resolve_model(model)
+        self.denoiser_config = component_config(SD3Transformer2DModel, self.path, "transformer")
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(self.path, subfolder="scheduler")
+        self.tokenizer, self.text_encoder = None, None
         self._null: Optional[tuple[Tensor, Tensor]] = None
+
+    def _load_weights(self) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, subfolder="tokenizer")
+        self.text_encoder = CLIPTextModelWithProjection.from_pretrained(self.path, subfolder="text_encoder").eval()
+        self.denoiser = SD3Transformer2DModel.from_pretrained(self.path, subfolder="transformer")
 
     @torch.no_grad()
     def _encode_text(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
@@ -68,7 +73,7 @@ class TinyFlowPolicy(FlowPolicy):
         return (latents.float() / 2 + 0.5).clamp(0, 1)
 
     def latent_shape(self) -> tuple[int, ...]:
-        cfg = self.denoiser.config
+        cfg = self.denoiser_config
         return (cfg.in_channels, cfg.sample_size, cfg.sample_size)
 
     def sigmas(self, num_steps: int) -> Tensor:

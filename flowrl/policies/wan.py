@@ -27,6 +27,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, UMT5EncoderModel
 
 from flowrl.model_paths import resolve_model
+from flowrl.policies.component_configs import component_config
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.wan_experts import EXPERTS, WanExperts
@@ -81,6 +82,7 @@ class WanPolicy(PipelinePolicy):
 
     pipeline_class = WanPipeline
     default_lora_targets = WAN_LORA_TARGETS
+    denoiser_kind = "WanExperts"
 
     @classmethod
     def config_problems(cls, init_args: dict) -> list[str]:
@@ -108,43 +110,57 @@ class WanPolicy(PipelinePolicy):
                  activation_offload: bool = False):
         super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
                          activation_offload)
-        if unknown := sorted(set(trained_experts) - set(EXPERTS)):
-            raise ValueError(f"policy.trained_experts names {unknown}; choose among {list(EXPERTS)}")
-        path = resolve_model(model)
-        index = self.pipeline_class.load_config(path)
+        self.path = resolve_model(model)
+        index = self.pipeline_class.load_config(self.path)
         self.height, self.width, self.num_frames = height, width, num_frames
         self.max_sequence_length, self.negative_prompt = max_sequence_length, negative_prompt
-        two = (index.get("transformer_2") or [None])[0] is not None
-        patch = WanTransformer3DModel.load_config(path, subfolder="transformer")["patch_size"]
-        vae = AutoencoderKLWan.load_config(path, subfolder="vae")  # the sizes are checked before any weight loads
-        spatial, temporal = vae.get("scale_factor_spatial", 8), vae.get("scale_factor_temporal", 4)
-        problems = video_size_problems(height, width, num_frames, spatial * patch[1], temporal)
-        if guidance_scale_2 is not None and not two:
+        self.expert_names = ["transformer", "transformer_2"] if (index.get("transformer_2") or [None])[0] else [
+            "transformer"]
+        self.trained_experts, self.vae_tiling = tuple(trained_experts), vae_tiling
+        self.denoiser_config = component_config(WanTransformer3DModel, self.path, "transformer")
+        self.vae_config = component_config(AutoencoderKLWan, self.path, "vae")
+        spatial, temporal = self.vae_config.scale_factor_spatial, self.vae_config.scale_factor_temporal
+        problems = video_size_problems(height, width, num_frames, spatial * self.denoiser_config.patch_size[1],
+                                       temporal)
+        if unknown := sorted(set(trained_experts) - set(EXPERTS)):
+            problems.append(f"policy.trained_experts names {unknown}; choose among {list(EXPERTS)}")
+        elif not set(trained_experts) & set(self.expert_names):
+            problems.append(f"policy.trained_experts={list(trained_experts)} names none of this model's experts "
+                            f"{self.expert_names}; choose among them")
+        if guidance_scale_2 is not None and len(self.expert_names) < 2:
             problems.append(f"policy.guidance_scale_2={guidance_scale_2} needs Wan 2.2's second expert "
                             "(transformer_2), which this model has not; leave it null")
         if flow_shift is not None and flow_shift <= 0:
             problems.append(f"policy.flow_shift={flow_shift} must be > 0 (or null: the checkpoint's)")
-        if problems:
-            raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
+        self.check_problems(problems + self._conditioning_problems(index))
+        self.index = index
         self.guidance_scale_2, self.expand_timesteps = guidance_scale_2, bool(index.get("expand_timesteps"))
         self.boundary_ratio = index.get("boundary_ratio")
+        self.scheduler = load_scheduler(self.path, flow_shift)
+        self.timestep_table = TimestepTable(self.scheduler.config.num_train_timesteps,
+                                            integer=bool(self.scheduler.config.get("use_flow_sigmas")))
+
+    def _conditioning_problems(self, index: dict) -> list[str]:
+        """Image-to-video checks its image encoder's options here; text-to-video has nothing more."""
+        return []
+
+    def _load_weights(self) -> None:
+        path = self.path
         self.vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32).eval()
-        if vae_tiling:
+        if self.vae_tiling:
             self.vae.enable_tiling()
-        self.scheduler = load_scheduler(path, flow_shift)
         self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
         self.text_encoder = UMT5EncoderModel.from_pretrained(path, subfolder="text_encoder",
                                                              dtype=self.torch_dtype).eval()
-        self._load_conditioning(path, index)
-        names = ["transformer", "transformer_2"] if two else ["transformer"]
+        self._load_conditioning(path, self.index)
         experts = {name: WanTransformer3DModel.from_pretrained(
-            path, subfolder=name, torch_dtype=self.denoiser_dtype if name in trained_experts else self.torch_dtype)
-            for name in names}
+            path, subfolder=name,
+            torch_dtype=self.denoiser_dtype if name in self.trained_experts else self.torch_dtype)
+            for name in self.expert_names}
+        two = len(self.expert_names) > 1
         boundary = self.boundary_ratio * self.scheduler.config.num_train_timesteps if two else None
-        self.denoiser = WanExperts(experts["transformer"], experts.get("transformer_2"), boundary, trained_experts)
-        self.timestep_table = TimestepTable(self.scheduler.config.num_train_timesteps,
-                                            integer=bool(self.scheduler.config.get("use_flow_sigmas")))
-        self._finish_setup()
+        self.denoiser = WanExperts(experts["transformer"], experts.get("transformer_2"), boundary,
+                                   self.trained_experts)
 
     def _load_conditioning(self, path: str, index: dict) -> None:
         """Image-to-video loads its image encoder here; text-to-video has nothing more."""
@@ -255,7 +271,7 @@ class WanPolicy(PipelinePolicy):
     # -- videos ------------------------------------------------------------------------------------------------
 
     def latent_shape(self) -> tuple[int, ...]:
-        cfg = self.vae.config
+        cfg = self.vae_config
         return (cfg.z_dim, (self.num_frames - 1) // cfg.scale_factor_temporal + 1,
                 self.height // cfg.scale_factor_spatial, self.width // cfg.scale_factor_spatial)
 

@@ -22,7 +22,7 @@ from diffusers import WanImageToVideoPipeline
 from torch import Tensor
 
 from flowrl.policies.base import Conditioning
-from flowrl.policies.pipeline_policy import PromptCache
+from flowrl.policies.pipeline_policy import PromptCache, joined_problems
 from flowrl.policies.source_latents import image_key
 from flowrl.policies.wan import WanPolicy
 
@@ -44,28 +44,32 @@ class WanI2VPolicy(WanPolicy):
     conditioning_images = 1
 
     def __init__(self, model: str = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", image_cache_size: int = 64, **kwargs):
-        if image_cache_size < 0:
-            raise ValueError(f"policy.image_cache_size={image_cache_size} must be >= 0 (0 disables the cache)")
+        problems = [f"policy.image_cache_size={image_cache_size} must be >= 0 (0 disables the cache)"] \
+            if image_cache_size < 0 else []
         # **kwargs passed on unchanged: jsonargparse reads WanPolicy's signature through it (--help, YAML checks)
-        super().__init__(model, **kwargs)
+        with joined_problems(problems):
+            super().__init__(model, **kwargs)
         self.image_cache = PromptCache(image_cache_size)
+
+    def _conditioning_problems(self, index: dict) -> list[str]:
+        if index.get("expand_timesteps"):
+            return [f"policy.model={self.path} is a Wan 2.2 TI2V-5B pipeline (expand_timesteps): its image-to-video "
+                    "overwrites the first latent frame at every step, which flowrl's sampler does not model; use "
+                    "flowrl.policies.WanPolicy for its text-to-video"]
+        has_encoder = (index.get("image_encoder") or [None])[0] is not None
+        if has_encoder and self.max_sequence_length != I2V_TEXT_TOKENS:
+            return [f"policy.max_sequence_length={self.max_sequence_length}: Wan 2.1's image-to-video transformer "
+                    f"splits its context after {I2V_TEXT_TOKENS} text tokens; set it to {I2V_TEXT_TOKENS}"]
+        return []
 
     def _load_conditioning(self, path: str, index: dict) -> None:
         from transformers import AutoImageProcessor, CLIPVisionModel
 
-        if index.get("expand_timesteps"):
-            raise ValueError(f"{path} is a Wan 2.2 TI2V-5B pipeline (expand_timesteps): its image-to-video overwrites "
-                             "the first latent frame at every step, which flowrl's sampler does not model; use "
-                             "flowrl.policies.WanPolicy for its text-to-video")
         has_encoder = (index.get("image_encoder") or [None])[0] is not None
         self.image_encoder = CLIPVisionModel.from_pretrained(
             path, subfolder="image_encoder", dtype=self.torch_dtype).eval() if has_encoder else None
         self.image_processor = AutoImageProcessor.from_pretrained(path, subfolder="image_processor") \
             if has_encoder else None
-        if has_encoder and self.max_sequence_length != I2V_TEXT_TOKENS:
-            raise ValueError(f"policy.max_sequence_length={self.max_sequence_length}: Wan 2.1's image-to-video "
-                             f"transformer splits its context after {I2V_TEXT_TOKENS} text tokens; set it to "
-                             f"{I2V_TEXT_TOKENS}")
 
     def components(self) -> dict:
         return {**super().components(), "image_encoder": self.image_encoder, "image_processor": self.image_processor}

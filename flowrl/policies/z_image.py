@@ -27,6 +27,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, Qwen3Model
 
 from flowrl.model_paths import resolve_model
+from flowrl.policies.component_configs import component_config
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.padded_prompts import MASK, PaddedPromptPolicy
 from flowrl.policies.sd3 import resolution_problem
@@ -73,6 +74,7 @@ class ZImagePolicy(PaddedPromptPolicy):
 
     pipeline_class = ZImagePipeline
     default_lora_targets = Z_IMAGE_LORA_TARGETS
+    denoiser_kind = "ZImageTransformer2DModel"
 
     def __init__(self, model: str = "Tongyi-MAI/Z-Image",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), resolution: int = 512,
@@ -82,19 +84,22 @@ class ZImagePolicy(PaddedPromptPolicy):
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
         super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
                          activation_offload)
-        path = resolve_model(model)
-        blocks = AutoencoderKL.load_config(path, subfolder="vae").get("block_out_channels", [128] * 4)
-        if problems := z_image_problems(resolution, 2 ** (len(blocks) - 1), max_sequence_length, cfg_normalization):
-            raise ValueError("invalid policy settings:\n  " + "\n  ".join(problems))
+        self.path = resolve_model(model)
+        self.vae_config = component_config(AutoencoderKL, self.path, "vae")
+        self.denoiser_config = component_config(ZImageTransformer2DModel, self.path, "transformer")
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
         self.negative_prompt, self.cfg_normalization = negative_prompt, cfg_normalization
-        self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=self.torch_dtype).eval()
-        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler")
+        self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(self.path, subfolder="scheduler")
+        self.check_problems(z_image_problems(resolution, self.vae_scale_factor, max_sequence_length,
+                                             cfg_normalization))
+
+    def _load_weights(self) -> None:
+        path, dtype = self.path, self.torch_dtype
+        self.vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=dtype).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
-        self.text_encoder = Qwen3Model.from_pretrained(path, subfolder="text_encoder", dtype=self.torch_dtype).eval()
+        self.text_encoder = Qwen3Model.from_pretrained(path, subfolder="text_encoder", dtype=dtype).eval()
         self.denoiser = ZImageTransformer2DModel.from_pretrained(path, subfolder="transformer",
                                                                  torch_dtype=self.denoiser_dtype)
-        self._finish_setup()
 
     def components(self) -> dict:
         return dict(transformer=self.denoiser, scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder,
@@ -129,7 +134,7 @@ class ZImagePolicy(PaddedPromptPolicy):
 
     def latent_shape(self) -> tuple[int, ...]:
         size = 2 * (self.resolution // (self.vae_scale_factor * 2))
-        return (self.denoiser.config.in_channels, size, size)
+        return (self.denoiser_config.in_channels, size, size)
 
     def sigmas(self, num_steps: int) -> Tensor:
         """``[T + 1]`` float32 as ``ZImagePipeline``: ``torch.linspace(1, 1/T, T)`` through the scheduler's shift

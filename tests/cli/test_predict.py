@@ -60,7 +60,7 @@ def test_predict_writes_the_images_generate_draws_from_the_checkpoint(finetuning
     assert torch.equal(written(out), as_png_pixels(expected))
     from flowrl.policies import TinyFlowPolicy
 
-    base = FlowGRPO(TinyFlowPolicy(lora=None), guidance_scale=4.5).generate(prompts, seeds, STEPS)
+    base = FlowGRPO(TinyFlowPolicy(lora=None).load(), guidance_scale=4.5).generate(prompts, seeds, STEPS)
     assert not torch.equal(as_png_pixels(base), as_png_pixels(expected))  # the checkpoint's weights were used
 
     with open(out / "scores.csv") as f:
@@ -91,7 +91,7 @@ def test_predict_from_an_exported_lora_folder(tmp_path, monkeypatch):
     assert torch.equal(written(tmp_path / "out", prompts, seeds), as_png_pixels(expected))
     from flowrl.policies import SD3Policy
 
-    base = FlowGRPO(SD3Policy(model, lora=None, resolution=32, max_sequence_length=8), guidance_scale=3.0)
+    base = FlowGRPO(SD3Policy(model, lora=None, resolution=32, max_sequence_length=8).load(), guidance_scale=3.0)
     assert not torch.equal(as_png_pixels(base.generate([p for p in prompts for _ in seeds], torch.tensor(seeds * 2),
                                                        3)), as_png_pixels(expected))
 

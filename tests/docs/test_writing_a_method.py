@@ -51,7 +51,7 @@ def test_the_pages_method_fits_with_the_pages_command(mymethods, tiny_model_dir,
 
 
 def test_the_hook_weights_each_step_by_its_noise_level(mymethods, tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     method = mymethods.SigmaWeightedGRPO(policy, num_steps=4, power=2.0, timestep_fraction=0.5, guidance_scale=1.0)
     batch = {"prompts": ["red 1 and blue 2"] * 2, "group_ids": torch.zeros(2).long(), "seeds": torch.tensor([3, 4])}
     with torch.no_grad():

@@ -33,7 +33,7 @@ def untrained_lora(tmp_path_factory) -> Path:
     from flowrl.policies.adapter_weights import save_adapter
 
     folder = tmp_path_factory.mktemp("untrained")
-    save_adapter(TinyFlowPolicy(lora=LoraOptions(rank=8, alpha=16)), "default", folder)
+    save_adapter(TinyFlowPolicy(lora=LoraOptions(rank=8, alpha=16)).load(), "default", folder)
     return folder
 
 

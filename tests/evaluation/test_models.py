@@ -35,7 +35,7 @@ def full_run(folder: Path) -> Path:
     config["model"]["init_args"]["policy"]["init_args"]["lora"] = None
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
-    policy = nudged(TinyFlowPolicy(lora=None), 0, 0.02)
+    policy = nudged(TinyFlowPolicy(lora=None).load(), 0, 0.02)
     torch.save({"state_dict": {f"policy.{k}": v for k, v in policy.state_dict().items()}},
                folder / "checkpoints" / "last.ckpt")
     return folder / "checkpoints" / "last.ckpt"
@@ -46,7 +46,7 @@ def exported(folder: Path) -> TinyFlowPolicy:
     as ``python -m flowrl export`` saves one, with its metadata."""
     from diffusers import StableDiffusion3Pipeline
 
-    policy = nudged(TinyFlowPolicy(lora=LoraOptions(rank=4, alpha=16)), 1, 0.05)
+    policy = nudged(TinyFlowPolicy(lora=LoraOptions(rank=4, alpha=16)).load(), 1, 0.05)
     StableDiffusion3Pipeline.save_lora_weights(
         folder, transformer_lora_layers=get_peft_model_state_dict(policy.denoiser, adapter_name="default"),
         transformer_lora_adapter_metadata=policy.denoiser.peft_config["default"].to_dict())
@@ -58,7 +58,7 @@ def saved(folder: Path) -> TinyFlowPolicy:
     gives the backbone."""
     from flowrl.policies.adapter_weights import save_adapter
 
-    policy = nudged(TinyFlowPolicy(lora=LoraOptions()), 2, 0.05)
+    policy = nudged(TinyFlowPolicy(lora=LoraOptions()).load(), 2, 0.05)
     save_adapter(policy, "default", folder)
     return policy
 
@@ -76,7 +76,7 @@ def test_a_full_checkpoint_and_lora_folders_draw_their_own_images(tmp_path, monk
     prompts, seeds = [p for p in PROMPTS for _ in SEEDS], torch.tensor(SEEDS * len(PROMPTS))
     from flowrl.policies.export import load_policy
 
-    expected = {"base": FlowGRPO(TinyFlowPolicy(lora=None), guidance_scale=4.5),
+    expected = {"base": FlowGRPO(TinyFlowPolicy(lora=None).load(), guidance_scale=4.5),
                 "full": FlowGRPO(load_policy(ckpt), guidance_scale=4.5),
                 "lora": FlowGRPO(source, guidance_scale=4.5), "plain": FlowGRPO(plain, guidance_scale=4.5)}
     for name, module in expected.items():
@@ -103,7 +103,7 @@ def test_a_base_that_carries_a_lora_draws_with_it(tmp_path, monkeypatch):
     main(["evaluate", "--config", "configs/tiny_tdm_r1.yaml", "--base_lora", "flowrl/tiny-digits-k4", "--suite",
           str(suite), "--seeds", *map(str, SEEDS), "--out", str(out), "--accelerator", "cpu", "--grid_prompts", "0"])
     prompts, seeds = [p for p in PROMPTS for _ in SEEDS], torch.tensor(SEEDS * len(PROMPTS))
-    k4 = TinyFlowPolicy(lora=LoraOptions(rank=16, alpha=32, init="flowrl/tiny-digits-k4"))
+    k4 = TinyFlowPolicy(lora=LoraOptions(rank=16, alpha=32, init="flowrl/tiny-digits-k4")).load()
     expected = (FlowGRPO(k4, guidance_scale=1.0).generate(prompts, seeds, 4).clamp(0, 1) * 255).round().to(torch.uint8)
     files = [out / "images" / "base" / image_name(i // len(SEEDS), p, s)
              for i, (p, s) in enumerate(zip(prompts, seeds.tolist()))]

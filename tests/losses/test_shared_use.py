@@ -85,7 +85,7 @@ def test_grpo_step_on_a_tiny_causal_lm(tmp_path):
 
 
 def test_grpo_step_on_a_denoising_rollout(tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4)).load()
     for p in policy.trainable_parameters():  # move LoRA off its identity start so every adapter has a gradient
         p.data.add_(0.02)
     policy.eval()

@@ -12,7 +12,7 @@ from flowrl.training.ppo_update import UpdateBatch
 
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4)).load()
     loop = FlowGRPO(policy, num_steps=4, guidance_scale=2.0, micro_batch_size=3, check_ratio=True)
     batch = {"prompts": ["red 1 and blue 2"] * 2 + ["green 3 and red 4"] * 2,
              "group_ids": torch.tensor([0, 0, 1, 1]), "seeds": torch.tensor([5, 6, 7, 8])}

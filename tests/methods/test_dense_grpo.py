@@ -27,7 +27,7 @@ R = torch.tensor([[0.40, 0.50, 0.55, 0.70], [0.40, 0.35, 0.60, 0.50], [0.40, 0.4
 
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir):
-    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
 
 
 def fake_rollout(rewards: torch.Tensor) -> Rollout:
@@ -158,7 +158,7 @@ def test_calibration_applies_alg1_and_the_steps_use_psi(policy):
 
 def fit(model_dir, root, steps, calibration, ckpt_path=None):
     torch.manual_seed(0)
-    policy = TinyFlowPolicy(model=model_dir, lora=LoraOptions(rank=4, alpha=8))
+    policy = TinyFlowPolicy(model=model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     module = DenseGRPO(policy, num_steps=3, guidance_scale=2.0, clip_range=0.2, micro_batch_size=8,
                        calibration=calibration)
     calls = []

@@ -26,7 +26,7 @@ def adapter_params(policy, name):
 
 @pytest.fixture
 def method(tiny_model_dir):
-    return DiffusionNFT(TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)), num_steps=3)
+    return DiffusionNFT(TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)), num_steps=3).load_weights()
 
 
 def test_old_adapter_starts_as_a_copy_and_follows_by_hand(method):

@@ -19,7 +19,7 @@ from tests.policies.test_sd3 import metrics
 
 @pytest.fixture()
 def tree(tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     method = TreeRPO(policy, num_steps=6, window_start=1, window_size=3, guidance_scale=2.0, layer_tuning=0.5)
     method.trainer = type("T", (), {"global_step": 0})()
     rollout, _ = counted_rollout(method, BATCH)

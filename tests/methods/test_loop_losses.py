@@ -24,7 +24,7 @@ def test_loss_options_are_checked_with_the_key_named():
 
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir):
-    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4))
+    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4)).load()
 
 
 def test_bad_loss_fails_at_construction(policy):
@@ -76,7 +76,7 @@ def test_gspo_pair_loss_sees_each_samples_geometric_mean_ratio(policy):
 
 def test_the_kl_convention_scales_each_steps_kl_by_its_dt(tiny_model_dir):
     """flow_grpo's KL (over 2 s^2) is the exact transition KL (over 2 s^2 |dt|) times |dt|, step by step."""
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4)).load()
     for p in policy.trainable_parameters():  # away from the reference (LoRA B = 0 is the reference exactly)
         p.data.add_(0.05)
     batch = {"prompts": ["red 1 and blue 2"] * 2, "group_ids": torch.zeros(2, dtype=torch.long),

@@ -34,7 +34,7 @@ def method_fit_args(tiny_model_dir, out: Path, class_path: str, *extra: str) -> 
 
 
 def test_a_toy_tree_has_more_rows_than_prompts_shares_its_prefix_and_trains_its_edges_once(tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     method = TwoBranches(policy, num_steps=4, branch_step=2, guidance_scale=2.0)
     batch = {"prompts": PROMPTS, "group_ids": torch.arange(3), "seeds": torch.tensor([7, 8, 9]),
              "cond_rows": torch.tensor([2, 0, 1])}  # rows in another order than the prompts they belong to

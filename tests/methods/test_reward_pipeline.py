@@ -40,7 +40,7 @@ class Keep(Callback):
 
 def fit(model_dir, rewards, steps=1, **options):
     torch.manual_seed(0)
-    policy = TinyFlowPolicy(model=model_dir, lora=LoraOptions(rank=4, alpha=8))
+    policy = TinyFlowPolicy(model=model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     module = FlowGRPO(policy, num_steps=3, guidance_scale=2.0, clip_range=0.2, micro_batch_size=8, **options)
     keep = Keep()
     trainer = Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_progress_bar=False,

@@ -22,7 +22,7 @@ ADAPTERS = ("default", "fake_score", "surrogate", "surrogate_old")
 
 @pytest.fixture
 def method(tiny_model_dir):
-    return TDMR1(TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)), time_shift=3.0)
+    return TDMR1(TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)), time_shift=3.0).load_weights()
 
 
 def adapter_params(policy, name):

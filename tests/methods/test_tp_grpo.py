@@ -24,7 +24,7 @@ BRIGHTNESS = ("{class_path: flowrl.rewards.FunctionReward, init_args: {function:
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir):
     torch.manual_seed(0)
-    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
 
 
 def batch_of(seeds):

@@ -27,7 +27,7 @@ BATCH = {"prompts": ["red 1 and blue 2", "green 3 and red 4"], "group_ids": torc
 
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir):
-    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
 
 
 @pytest.mark.parametrize("make, per_tree, leaves, edges", [

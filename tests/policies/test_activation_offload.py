@@ -42,7 +42,7 @@ def wan22(wan_dirs, **kw):
 
 
 def tiny(_dirs, **kw):
-    return TinyFlowPolicy(**kw)
+    return TinyFlowPolicy(**kw).load()
 
 
 def pass_of(policy):

@@ -17,12 +17,12 @@ def moved(policy, name, seed):
 
 
 def test_save_then_load_into_another_adapter_and_policy(tiny_model_dir, tmp_path):
-    source = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    source = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     moved(source, "default", 1)
     file = save_adapter(source, "default", tmp_path / "lora")
     keys = list(load_file(file))
     assert keys and all(k.startswith("transformer.") and ".default." not in k for k in keys)  # the diffusers layout
-    target = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    target = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     target.add_adapter("generator", LoraOptions(rank=4, alpha=8))
     load_adapter(target, "generator", str(tmp_path / "lora"))  # the folder: its pytorch_lora_weights.safetensors
     assert all(torch.equal(a, b) for a, b in zip(source.trainable_parameters("default"),
@@ -31,7 +31,7 @@ def test_save_then_load_into_another_adapter_and_policy(tiny_model_dir, tmp_path
 
 
 def test_the_tdm_r1_ema_list_loads_in_module_order(tiny_model_dir, tmp_path):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     params = policy.trainable_parameters("default")
     tensors = [torch.full_like(p, float(i)) for i, p in enumerate(params)]
     torch.save({"decay": 0.9, "ema_parameters": tensors}, tmp_path / "tdm.ckpt")
@@ -43,9 +43,9 @@ def test_the_tdm_r1_ema_list_loads_in_module_order(tiny_model_dir, tmp_path):
 
 
 def test_mismatched_weights_and_missing_files_fail_clearly(tiny_model_dir, tmp_path):
-    rank8 = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=8, alpha=8))
+    rank8 = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=8, alpha=8)).load()
     save_adapter(rank8, "default", tmp_path / "r8")
-    rank4 = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    rank4 = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     with pytest.raises(ValueError, match="do not fit adapter 'default'"):
         load_adapter(rank4, "default", str(tmp_path / "r8"))
     with pytest.raises(FileNotFoundError, match="no LoRA weights"):

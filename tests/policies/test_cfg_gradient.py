@@ -12,7 +12,7 @@ G = 3.0  # guidance scale
 
 @pytest.fixture(scope="module")
 def case(tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4)).load()
     torch.manual_seed(0)
     for p in policy.trainable_parameters():  # LoRA B starts at 0: give both factors values, so gradients are general
         p.data.normal_(0, 0.05)

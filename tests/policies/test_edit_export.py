@@ -33,10 +33,10 @@ def kontext_call(policy, row):
 # family: (adapter and its tiny sizes, plain pipeline, the pipeline call's family-specific arguments)
 FAMILIES = {
     "qwen_edit": (lambda path: QwenImageEditPolicy(path, lora=LoraOptions(rank=4, alpha=8), resolution=32,
-                                                   source_area=SOURCE_AREA, condition_area=CONDITION_AREA),
+                                                   source_area=SOURCE_AREA, condition_area=CONDITION_AREA).load(),
                   QwenImageEditPlusPipeline, qwen_call),
     "kontext": (lambda path: FluxKontextPolicy(path, lora=LoraOptions(rank=4, alpha=8), resolution=32,
-                                               source_area=32 * 32, max_sequence_length=16),
+                                               source_area=32 * 32, max_sequence_length=16).load(),
                 FluxKontextPipeline, kontext_call),
 }
 

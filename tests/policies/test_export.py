@@ -23,7 +23,7 @@ FAMILIES = {"sd3": (SD3Policy, StableDiffusion3Pipeline, 3.0), "flux": (FluxPoli
 
 def trained_policy(family, path, lora=LoraOptions(rank=4, alpha=8)):
     policy_class, _, _ = FAMILIES[family]
-    policy = policy_class(path, lora=lora, resolution=32, max_sequence_length=8)
+    policy = policy_class(path, lora=lora, resolution=32, max_sequence_length=8).load()
     torch.manual_seed(1)
     with torch.no_grad():  # stand-in for training: move every trained weight
         for p in policy.trainable_parameters():
@@ -103,7 +103,7 @@ def test_sd15_lora_and_merged_exports_reproduce_the_adapters_ddim_sample(tmp_pat
     from tests.policies.tiny_sd15 import save_sd15
 
     path = save_sd15(tmp_path / "sd15")
-    policy = SD15Policy(str(path), lora=LoraOptions(rank=4, alpha=8), resolution=32)
+    policy = SD15Policy(str(path), lora=LoraOptions(rank=4, alpha=8), resolution=32).load()
     torch.manual_seed(1)
     with torch.no_grad():
         for p in policy.trainable_parameters():

@@ -45,7 +45,7 @@ def model_dir(request, qwen_image_dir, flux2_dir, zimage_dir):
 @pytest.mark.parametrize("family,model_dir", [(f, f) for f in FAMILIES], indirect=["model_dir"])
 def test_exported_lora_and_merged_pipeline_reproduce_the_adapters_ode_sample(family, model_dir, tmp_path):
     policy_class, pipeline_class, _ = FAMILIES[family]
-    policy = policy_class(model_dir, lora=LoraOptions(rank=4, alpha=8), resolution=32, max_sequence_length=16)
+    policy = policy_class(model_dir, lora=LoraOptions(rank=4, alpha=8), resolution=32, max_sequence_length=16).load()
     torch.manual_seed(1)
     with torch.no_grad():  # stand-in for training: move every trained weight
         for p in policy.trainable_parameters():

@@ -11,7 +11,7 @@ from tests.policies.test_sd3 import HERE, fit_args, metrics
 
 def flux(path, **kw):
     return FluxPolicy(path, **{"lora": LoraOptions(rank=4, alpha=8), "resolution": 32, "max_sequence_length": 8,
-                               **kw})
+                               **kw}).load()
 
 
 def test_encoding_guidance_and_packing(flux_dir):

@@ -14,7 +14,7 @@ LORA = LoraOptions(rank=4, alpha=8)
 
 
 def flux2(path, **kw):
-    return Flux2Policy(path, **{"lora": LORA, "resolution": 32, "max_sequence_length": 16, **kw})
+    return Flux2Policy(path, **{"lora": LORA, "resolution": 32, "max_sequence_length": 16, **kw}).load()
 
 
 def test_encoding_is_the_pipelines_and_distilled_models_have_no_unconditional_side(flux2_dir, flux2_distilled_dir):

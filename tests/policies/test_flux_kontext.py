@@ -21,7 +21,7 @@ AREA = 32 * 48  # a 32 x 48 source keeps its size, and so does a 24 x 64 one (th
 
 def kontext(path, **kw):
     return FluxKontextPolicy(path, **{"lora": LoraOptions(rank=4, alpha=8), "resolution": 32, "source_area": AREA,
-                                      "max_sequence_length": 16, **kw})
+                                      "max_sequence_length": 16, **kw}).load()
 
 
 def records():

@@ -22,7 +22,7 @@ def moved(params, seed):
 
 @pytest.fixture
 def policy(tiny_model_dir):
-    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8))
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
     policy.add_adapter("fake_score", LoraOptions(rank=2, alpha=2))
     policy.add_adapter("frozen_head", LoraOptions(rank=2, alpha=2), trainable=False)
     return policy
@@ -87,7 +87,7 @@ def test_ema_averages_the_named_adapter_only(policy):
 
 
 def test_export_writes_the_named_adapter_and_refuses_to_guess(sd3_dir, tmp_path):
-    policy = SD3Policy(sd3_dir, lora=LoraOptions(rank=4, alpha=8), resolution=32, max_sequence_length=8)
+    policy = SD3Policy(sd3_dir, lora=LoraOptions(rank=4, alpha=8), resolution=32, max_sequence_length=8).load()
     policy.add_adapter("other", LoraOptions(rank=2, alpha=4))
     moved(policy.trainable_parameters("default"), 1)
     moved(policy.trainable_parameters("other"), 2)
@@ -106,7 +106,7 @@ def test_an_adapter_starts_from_saved_weights(policy, tiny_model_dir, tmp_path):
 
     moved(policy.trainable_parameters("fake_score"), 3)
     save_adapter(policy, "fake_score", tmp_path)
-    again = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=2, alpha=2, init=str(tmp_path)))
+    again = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=2, alpha=2, init=str(tmp_path))).load()
     saved = {n: p for n, p in policy.denoiser.named_parameters() if ".fake_score." in n}
     loaded = {n.replace(".default.", ".fake_score."): p for n, p in again.denoiser.named_parameters() if ".default." in n}
     assert saved.keys() == loaded.keys() and all(torch.equal(saved[n], loaded[n]) for n in saved)

@@ -14,7 +14,7 @@ LORA = LoraOptions(rank=4, alpha=8)
 
 
 def qwen(path, **kw):
-    return QwenImagePolicy(path, **{"lora": LORA, "resolution": 32, "max_sequence_length": 16, **kw})
+    return QwenImagePolicy(path, **{"lora": LORA, "resolution": 32, "max_sequence_length": 16, **kw}).load()
 
 
 def test_encoding_is_the_pipelines_padded_to_one_length_and_cached(qwen_image_dir, monkeypatch):

@@ -21,7 +21,7 @@ EDITS = ["make the cat blue", "remove the tree"]
 
 def edit(path, **kw):
     return QwenImageEditPolicy(path, **{"lora": LoraOptions(rank=4, alpha=8), "resolution": 32,
-                                        "source_area": SOURCE_AREA, "condition_area": CONDITION_AREA, **kw})
+                                        "source_area": SOURCE_AREA, "condition_area": CONDITION_AREA, **kw}).load()
 
 
 @pytest.fixture

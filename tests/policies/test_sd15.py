@@ -23,7 +23,7 @@ LORA = LoraOptions(rank=4, alpha=8)
 
 
 def sd15(path, **kw):
-    return SD15Policy(path, **{"lora": LORA, "resolution": 32, **kw})
+    return SD15Policy(path, **{"lora": LORA, "resolution": 32, **kw}).load()
 
 
 def ddim_pipeline(path):

@@ -17,7 +17,7 @@ LORA = LoraOptions(rank=4, alpha=8)
 
 
 def sd3(path, **kw):
-    return SD3Policy(path, **{"lora": LORA, "resolution": 32, "max_sequence_length": 8, **kw})
+    return SD3Policy(path, **{"lora": LORA, "resolution": 32, "max_sequence_length": 8, **kw}).load()
 
 
 def test_encoding_is_the_pipelines_and_is_cached_per_prompt(sd3_dir, monkeypatch):

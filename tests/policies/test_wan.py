@@ -17,7 +17,7 @@ PROMPTS, SEEDS = ["a red cat", "a blue dog"], torch.tensor([11, 12])
 
 def wan(path, **kw):
     return WanPolicy(path, **{"lora": LORA, "height": SIZE, "width": SIZE, "num_frames": FRAMES,
-                              "max_sequence_length": 16, **kw})
+                              "max_sequence_length": 16, **kw}).load()
 
 
 def pipe_call(pipe, policy, steps, guidance, **kw):

@@ -16,7 +16,7 @@ PROMPTS, SEEDS = ["a red cat", "a blue dog"], torch.tensor([3, 4])
 
 def i2v(path, **kw):
     return WanI2VPolicy(path, **{"lora": LoraOptions(rank=4, alpha=8), "height": SIZE, "width": SIZE,
-                                 "num_frames": FRAMES, **kw})
+                                 "num_frames": FRAMES, **kw}).load()
 
 
 def first_frames(seed=0, size=(3, 40, 48)):

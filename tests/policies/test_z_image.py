@@ -13,7 +13,7 @@ LORA = LoraOptions(rank=4, alpha=8)
 
 
 def zimage(path, **kw):
-    return ZImagePolicy(path, **{"lora": LORA, "resolution": 32, "max_sequence_length": 32, **kw})
+    return ZImagePolicy(path, **{"lora": LORA, "resolution": 32, "max_sequence_length": 32, **kw}).load()
 
 
 def test_encoding_is_the_pipelines_real_tokens_padded_to_one_length(zimage_dir):

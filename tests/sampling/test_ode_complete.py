@@ -13,7 +13,7 @@ from flowrl.sampling.steps import ode_step
 
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir):
-    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4))
+    return TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=4)).load()
 
 
 def counting(velocity):
