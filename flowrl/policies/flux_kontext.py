@@ -39,7 +39,7 @@ FLUX_KONTEXT_LORA_TARGETS = (*FLUX_LORA_TARGETS, "proj_mlp")
 
 def source_size(height: int, width: int, area: Optional[int], multiple: int) -> tuple[int, int]:
     """``(height, width)`` a source of that size is resized to: the preferred Kontext resolution closest in aspect
-    ratio (``area`` None, the pipeline's ``_auto_resize``) or ``area`` pixels at its aspect ratio (the pipeline's
+    ratio (``area`` None, the pipeline's ``_auto_resize``, given the size its image processor rounded down) or ``area`` pixels at its aspect ratio (the pipeline's
     ``max_area`` rule), each side rounded down to a multiple of ``multiple``.
 
     >>> source_size(480, 640, None, 16), source_size(480, 640, 256 * 256, 16)  # 4:3 -> (880, 1184); 221.7 x 295.6
@@ -107,8 +107,12 @@ class FluxKontextPolicy(FluxPolicy):
         """The packed latents ``[N, 4C]`` and token grid ``[1, 2]`` of one source, through the pipeline's own resize,
         preprocessing and ``prepare_latents``."""
         pipe, factor = self.pipeline(), self.vae_scale_factor
-        height, width = source_size(*row[0].shape[-2:], self.source_area, factor * 2)
-        resized = pipe.image_processor.resize(to_pil(row[0][None])[0], height, width)
+        image = to_pil(row[0][None])[0]
+        # the pipeline takes the aspect ratio after its image processor rounds the size down to its multiple (16 on
+        # the published model): from the raw size, ~6% of sources between 256 and 1500 px get another resolution
+        given = pipe.image_processor.get_default_height_width(image) if self.source_area is None else image.size[::-1]
+        height, width = source_size(*given, self.source_area, factor * 2)
+        resized = pipe.image_processor.resize(image, height, width)
         pixels = pipe.image_processor.preprocess(resized, height, width)
         channels = self.denoiser.config.in_channels // 4
         _, source, _, _ = pipe.prepare_latents(pixels, 1, channels, self.resolution, self.resolution, self.vae.dtype,

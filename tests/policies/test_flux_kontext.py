@@ -110,3 +110,38 @@ def test_decode_in_chunks_equals_whole(flux_kontext_dir, monkeypatch):
 def test_bad_options_fail_before_any_weight_loads(flux_kontext_dir, refuse_weights):
     with pytest.raises(ValueError, match=r"source_area=100 must be >= 256(.|\n)*image_cache_size=-2"):
         kontext(flux_kontext_dir, source_area=100, image_cache_size=-2)
+
+
+class _Resized(Exception):
+    """Raised by the spy on ``image_processor.resize``: the size is chosen, nothing after it needs to run."""
+
+
+def _chosen_size(monkeypatch, run) -> tuple[int, int]:
+    from diffusers.image_processor import VaeImageProcessor
+
+    def spy(self, image, height=None, width=None, **kw):
+        raise _Resized(height, width)
+
+    monkeypatch.setattr(VaeImageProcessor, "resize", spy)
+    with pytest.raises(_Resized) as caught:
+        run()
+    monkeypatch.undo()
+    return caught.value.args
+
+
+def test_automatic_source_size_is_the_pipelines_for_sizes_off_the_multiple(flux_kontext_dir, monkeypatch):
+    """``source_area: null``: the preferred resolution the pipeline picks, for sources whose sides are not multiples
+    of the image processor's multiple (4 on the tiny model, 16 on the published one)."""
+    from flowrl.policies.flux_kontext import source_size
+    policy, pipe = kontext(flux_kontext_dir, source_area=None), FluxKontextPipeline.from_pretrained(flux_kontext_dir)
+    multiple = pipe.vae_scale_factor * 2
+    sizes = [(h, w) for h in (17, 30, 45, 63) for w in (21, 26, 51, 66, 90)]
+    from_raw_ratio = 0
+    for height, width in sizes:
+        image = source_images(1, size=(3, height, width))[0]
+        ours = _chosen_size(monkeypatch, lambda: policy._encode_source([image]))
+        theirs = _chosen_size(monkeypatch, lambda: pipe(image=to_pil(image[None])[0], prompt="x", height=32,
+                                                          width=32, num_inference_steps=1, output_type="latent"))
+        assert ours == theirs, (height, width)
+        from_raw_ratio += source_size(height, width, None, multiple) != ours
+    assert from_raw_ratio > 0  # the ratio of the raw size picks another resolution for some of these sizes
