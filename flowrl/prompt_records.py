@@ -81,24 +81,15 @@ def _parse_line(text: str, number: int, path: Path) -> Union[PromptRecord, str]:
 
 
 def load_image(path: Union[str, Path]) -> Tensor:
-    """An image file as ``[3, H, W]`` float32 in ``[0, 1]`` (EXIF orientation applied, RGB, as ``load_image``).
-
-    High-bit grayscale is scaled, not clipped (Pillow's ``convert("RGB")`` clips every value above 255 to white):
-    16-bit modes (``I;16``, ``I;16B``, and ``I``, Pillow's 32-bit integer mode that holds 16-bit PNGs on some
-    versions) are divided by 65535, ``F`` (32-bit float) is taken as values in ``[0, 1]`` (as torchvision reads a
-    float image); both are clipped to ``[0, 1]``. Every other mode is converted as the pipelines convert it.
-    """
-    import numpy as np
+    """An image file as ``[3, H, W]`` float32 in ``[0, 1]`` (EXIF orientation applied, RGB, as ``load_image``;
+    high-bit grayscale scaled, not clipped to white: :func:`~flowrl.rewards.pil_images.unit_pixels`)."""
     from PIL import Image, ImageOps
 
+    from flowrl.rewards.pil_images import unit_pixels
+
     with Image.open(path) as image:
-        image = ImageOps.exif_transpose(image)
-        if image.mode.startswith("I") or image.mode == "F":
-            scale = 1.0 if image.mode == "F" else 65535.0
-            gray = np.clip(np.asarray(image, dtype=np.float64) / scale, 0.0, 1.0).astype(np.float32)
-            return torch.from_numpy(gray.copy())[None].expand(3, -1, -1).contiguous()
-        pixels = np.asarray(image.convert("RGB"), dtype=np.uint8)
-    return torch.from_numpy(pixels.copy()).permute(2, 0, 1).float() / 255
+        pixels = unit_pixels(ImageOps.exif_transpose(image))
+    return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 
 
 def count_problem(count: int, conditioning_images: int, policy: str) -> Optional[str]:

@@ -31,6 +31,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
+from flowrl.rewards.pil_images import unit_pixels
+
 ENCODINGS = ("png", "array")
 
 
@@ -107,14 +109,14 @@ def decode_images(payload: Any) -> Tensor:
         raw = _b64decode(item, f"images.data[{i}]")
         try:
             with Image.open(io.BytesIO(raw)) as image:
-                arrays.append(np.asarray(image.convert("RGB")))
+                arrays.append(unit_pixels(image))  # a 16-bit PNG scaled, not clipped to white
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:  # not an image, truncated
             reason = "not an image file" if isinstance(err, UnidentifiedImageError) else str(err)
             raise ValueError(f"images.data[{i}] is not a base64 PNG image: {reason}") from err
     sizes = sorted({a.shape[:2] for a in arrays})
     if len(sizes) != 1:
         raise ValueError(f"images.data holds PNGs of several sizes {sizes}; send one size per request")
-    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
 
 
 def _b64decode(text: str, field: str) -> bytes:
