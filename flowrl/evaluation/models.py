@@ -36,15 +36,16 @@ class Model:
     active: Callable[[], AbstractContextManager]
 
 
-def build_policy(spec: dict, lora_default: bool = False) -> FlowPolicy:
-    """The policy of a config's ``model.init_args.policy`` spec (its frozen weights load here). ``lora_default``: a
-    spec without LoRA gets the default options, so that adapters attach and ``reference()`` is the bare backbone."""
+def build_policy(spec: dict, lora_default: bool = False, load: bool = True) -> FlowPolicy:
+    """The policy of a config's ``model.init_args.policy`` spec (its frozen weights load here unless ``load`` is
+    False). ``lora_default``: a spec without LoRA gets the default options, so that adapters attach and
+    ``reference()`` is the bare backbone."""
     from flowrl.policies.export import policy_from_spec
 
     spec = {"class_path": spec["class_path"], "init_args": dict(spec.get("init_args") or {})}
     if lora_default and spec["init_args"].get("lora") is None:
         spec["init_args"]["lora"] = {}
-    return policy_from_spec(spec)
+    return policy_from_spec(spec, load=load)
 
 
 def checkpoint_state(path: Path) -> dict[str, torch.Tensor]:
@@ -94,42 +95,34 @@ class ForeignLora(ValueError):
     """A LoRA folder whose weights adapt none of the base model's modules: a LoRA of another model family."""
 
 
-def foreign_lora(backbone: FlowPolicy, base_spec: dict, folder: Path) -> Optional[str]:
-    """Why ``folder``'s LoRA cannot sit on ``backbone`` (None: it can): none of the modules its files adapt is a
-    module of the base's denoiser. Read from the files' keys before peft loads them (peft would end in its bare
-    ``NoMatchingPeftModuleError``, or the adapter check in a list of keys, naming neither model)."""
+def foreign_lora(policy: FlowPolicy, base_spec: dict, folder: Path) -> Optional[str]:
+    """Why ``folder``'s LoRA cannot sit on ``policy`` (None: it can): none of the modules its files adapt is a module
+    of the base's denoiser. Read from the files' keys and the denoiser's config (:mod:`flowrl.policies.skeleton`), so
+    before any weight loads (peft would end in its bare ``NoMatchingPeftModuleError``, or the adapter check in a list
+    of keys, naming neither model)."""
     from safetensors import safe_open
 
-    from flowrl.policies.export import lora_modules
+    from flowrl.policies.skeleton import denoiser_module_names
 
-    prefix = getattr(backbone, "denoiser_name", "transformer") + "."
-    for name, module in lora_modules(backbone).items():
-        if not (folder / name).is_file():
-            continue
-        with safe_open(str(folder / name), framework="pt") as f:
-            adapted = sorted({k.removeprefix(prefix).split(".lora_A")[0] for k in f.keys() if ".lora_A" in k})
-        have = {n for n, _ in module.named_modules()}
-        if adapted and not any(m in have for m in adapted):
-            init_args = base_spec.get("init_args") or {}
-            return (f"the LoRA folder {folder} adapts modules the base model's denoiser has not (e.g. {adapted[0]}; "
-                    f"the base is {base_spec.get('class_path')} on {init_args.get('model')}): a LoRA of another "
-                    "model family; evaluate it against its own base model (--config with the config of the run that "
-                    "trained it)")
-    return None
+    prefix = getattr(policy, "denoiser_name", "transformer") + "."
+    adapted: set[str] = set()
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            adapted |= {k.removeprefix(prefix).split(".lora_A")[0] for k in f.keys() if ".lora_A" in k}
+    if not adapted or adapted & denoiser_module_names(policy):
+        return None
+    init_args = base_spec.get("init_args") or {}
+    return (f"the LoRA folder {folder} adapts modules the base model's denoiser has not (e.g. {min(adapted)}; the "
+            f"base is {base_spec.get('class_path')} on {init_args.get('model')}): a LoRA of another model family; "
+            "evaluate it against its own base model (--config with the config of the run that trained it)")
 
 
 def add_folder(backbone: FlowPolicy, base_spec: dict, adapter: str, folder: Path) -> None:
     """A LoRA folder as the adapter ``adapter``: with its metadata's rank and alpha, or without metadata the base
-    config's LoRA options.
-
-    Raises:
-        ForeignLora: the folder's weights adapt none of the base's modules (:func:`foreign_lora`).
-    """
+    config's LoRA options."""
     from flowrl.policies.adapter_weights import load_adapter
     from flowrl.policies.export import load_lora
 
-    if (why := foreign_lora(backbone, base_spec, folder)) is not None:
-        raise ForeignLora(why)
     if has_adapter_metadata(folder):
         load_lora(backbone, folder, adapter)
     else:
@@ -161,8 +154,17 @@ def load_models(base_spec: dict, sources: list[Source], base_lora: Optional[Path
 
     The base is the backbone alone, or the backbone with ``base_lora`` (a distilled few-step generator such as
     ``flowrl/tiny-digits-k4``, where TDM-R1 starts), or with the LoRA the policy's ``lora.init`` starts from.
+
+    Raises:
+        ForeignLora: a LoRA folder's weights adapt none of the base's modules (:func:`foreign_lora`), found before
+            any weight loads.
     """
-    backbone = build_policy(base_spec, lora_default=True).requires_grad_(False).eval()
+    backbone = build_policy(base_spec, lora_default=True, load=False)
+    folders = [base_lora] if base_lora is not None else []
+    for folder in [*folders, *(s.path for s in sources if s.kind == "lora")]:
+        if (why := foreign_lora(backbone, base_spec, folder)) is not None:
+            raise ForeignLora(why)
+    backbone = backbone.load().requires_grad_(False).eval()
     starts_from = (base_spec.get("init_args") or {}).get("lora")
     initial = isinstance(starts_from, dict) and starts_from.get("init") is not None
     base = Model(BASE, backbone, (lambda: backbone.adapter(DEFAULT_ADAPTER)) if initial else backbone.reference)

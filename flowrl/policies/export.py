@@ -108,14 +108,16 @@ def find_run_config(ckpt: Path) -> Path:
                             "--config (the file given to `fit --config`, with the same policy settings)")
 
 
-def policy_from_spec(spec: dict) -> FlowPolicy:
+def policy_from_spec(spec: dict, load: bool = True) -> FlowPolicy:
     """Instantiates a policy spec ``{class_path, init_args}`` as the CLI parses it and loads its weights (from its
-    model path): the one loading function of export and evaluate."""
+    model path; ``load`` False: built from its configs only, for checks before loading): the one loading function of
+    export and evaluate."""
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(FlowPolicy, "policy")
-    return parser.instantiate_classes(parser.parse_object({"policy": spec})).policy.load()
+    policy = parser.instantiate_classes(parser.parse_object({"policy": spec})).policy
+    return policy.load() if load else policy
 
 
 def policy_from_config(config: Path) -> FlowPolicy:

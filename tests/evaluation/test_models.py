@@ -113,11 +113,11 @@ def test_a_base_that_carries_a_lora_draws_with_it(tmp_path, monkeypatch):
         main(["evaluate", "--config", "configs/tiny_tdm_r1.yaml", "--base_lora", "flowrl/nothing"])
 
 
-def test_a_lora_folder_of_another_family_is_named_before_it_loads(tmp_path, monkeypatch):
+def test_a_lora_folder_of_another_family_is_named_before_any_weight_loads(tmp_path, monkeypatch):
     from diffusers import StableDiffusion3Pipeline
 
     monkeypatch.chdir(ROOT)
-    policy = TinyFlowPolicy(lora=LoraOptions(rank=4, alpha=16))
+    policy = TinyFlowPolicy(lora=LoraOptions(rank=4, alpha=16)).load()
     # another family's names for the same layers (Wan's attention is attn1): none is a module of the tiny denoiser
     layers = {k.replace(".attn.", ".attn1."): v
               for k, v in get_peft_model_state_dict(policy.denoiser, adapter_name="default").items()}
@@ -127,6 +127,14 @@ def test_a_lora_folder_of_another_family_is_named_before_it_loads(tmp_path, monk
                                                transformer_lora_adapter_metadata=metadata)
     suite = tmp_path / "suite.txt"
     suite.write_text(PROMPTS[0] + "\n")
+    from diffusers import ModelMixin
+    from transformers import PreTrainedModel
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a weight loaded before the LoRA folder was checked")
+
+    for model_class in (ModelMixin, PreTrainedModel):  # the check reads configs and the folder's keys, no weights
+        monkeypatch.setattr(model_class, "from_pretrained", classmethod(refused))
     with pytest.raises(SystemExit) as err:  # was peft's bare NoMatchingPeftModuleError
         main(["evaluate", "--config", "configs/quickstart.yaml", "--ckpt_path", f"other={tmp_path / 'other'}",
               "--suite", str(suite), "--seeds", "0",

@@ -134,3 +134,22 @@ def test_lora_initialisation_is_that_of_loading_when_built(tiny_model_dir):
     torch.randn(1000)  # what runs between building and configure_model
     later.load()
     assert all(torch.equal(a, b) for a, b in zip(direct.trainable_parameters(), later.trainable_parameters()))
+
+
+@pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts"])
+def test_the_skeleton_has_the_loaded_denoisers_modules(family, request, monkeypatch):
+    """What a check reads before loading (the denoiser built on the meta device from its config) names the modules the
+    loaded denoiser has, each LoRA file's network alike (Wan 2.2 writes one per expert)."""
+    from diffusers import ModelMixin
+
+    from flowrl.policies.export import lora_modules
+    from flowrl.policies.skeleton import denoiser_module_names
+
+    policy = build(family, request)
+    with monkeypatch.context() as m:  # no weights behind the skeleton
+        m.setattr(ModelMixin, "from_pretrained", classmethod(lambda *a, **k: pytest.fail("weights loaded")))
+        names = denoiser_module_names(policy)
+    policy.load()
+    for network in lora_modules(policy).values():
+        loaded = {n for n, _ in network.named_modules() if not any(p in n for p in ("lora_", "base_layer"))}
+        assert names == loaded, family
