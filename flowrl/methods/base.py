@@ -31,7 +31,7 @@ from flowrl import advantages as adv_lib
 from flowrl.checkpoint_fit import load_mismatch, method_path
 from flowrl.methods.batch import GATHERED, Batch, hook_value
 from flowrl.methods.option_surface import (at_least, checked_options, guidance_scale_problems, optimizer_problems,
-                                           policy_guidance_scales)
+                                           guidance_gate_problems, policy_guidance_scales)
 from flowrl.methods.trained_pairs import UntrainedBatches, trained_pairs
 from flowrl.methods.trajectories import Trajectories
 from flowrl.output_dirs import output_dir_problems
@@ -122,6 +122,7 @@ class BaseModule(Trajectories):
         problems += guidance_scale_problems(o.policy, o.guidance_scale)
         for key, scale in policy_guidance_scales(o.policy).items():  # Wan 2.2's second expert's
             problems += guidance_scale_problems(o.policy, scale, key)
+            problems += guidance_gate_problems(o.guidance_scale, key, scale)
         return problems + optimizer_problems(o.optimizer)
 
     @classmethod

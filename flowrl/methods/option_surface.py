@@ -194,6 +194,24 @@ def guidance_distillation_problems(policy: Any, teacher_guidance: float, surroga
             + guidance_scale_problems(policy, surrogate_guidance, "model.surrogate_guidance"))
 
 
+def guidance_gate_problems(guidance_scale: float, key: str, scale: float) -> list[str]:
+    """``WanPipeline`` guides only when ``guidance_scale > 1``: at 1 it runs no classifier-free guidance at all, its
+    ``guidance_scale_2`` ignored. A second expert's scale above 1 under a first scale of 1 would guide the low-noise
+    steps where the pipeline guides none, so it is refused rather than run.
+
+    >>> guidance_gate_problems(1.0, "policy.guidance_scale_2", 3.0)[0][:58]
+    'model.guidance_scale=1.0 with policy.guidance_scale_2=3.0:'
+    >>> guidance_gate_problems(4.0, "policy.guidance_scale_2", 3.0), guidance_gate_problems(1.0, "k", 1.0)
+    ([], [])
+    """
+    if guidance_scale > 1.0 or scale <= 1.0:
+        return []
+    return [f"model.guidance_scale={guidance_scale} with {key}={scale}: WanPipeline runs no guidance at all when "
+            "guidance_scale <= 1 (guidance_scale_2 is then ignored), where this would guide the low-noise expert's "
+            "steps alone; set guidance_scale above 1 to guide both experts, or guidance_scale_2 to 1 (or null) for "
+            "no guidance"]
+
+
 def policy_guidance_scales(policy: Any) -> dict[str, float]:
     """Guidance scales the policy itself takes (Wan 2.2's ``guidance_scale_2``), by their config key, where set.
 

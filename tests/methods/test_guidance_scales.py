@@ -41,3 +41,18 @@ def test_wan_2_2s_second_expert_scale(tiny_model_dir):
                                                                              "guidance_scale_2": 0.0}}
     problems = option_problems(FlowGRPO, policy=policy)
     assert any(p.startswith("model.init_args.policy.init_args.guidance_scale_2=0.0: below 1") for p in problems)
+
+
+@pytest.mark.parametrize("first, second, refused", [(1.0, 3.0, True), (4.0, 3.0, False), (1.0, 1.0, False)])
+def test_the_wan_pipelines_gate_a_second_scale_under_a_first_of_one(tiny_model_dir, first, second, refused):
+    # WanPipeline guides only when guidance_scale > 1: at 1 it runs no CFG at all, guidance_scale_2 ignored
+    from flowrl.methods import FlowGRPO
+    from flowrl.methods.option_surface import option_problems
+
+    policy = {"class_path": "flowrl.policies.TinyFlowPolicy", "init_args": {"model": tiny_model_dir,
+                                                                             "guidance_scale_2": second}}
+    gate = [p for p in option_problems(FlowGRPO, policy=policy, guidance_scale=first) if "WanPipeline" in p]
+    assert bool(gate) == refused, gate
+    if refused:
+        assert gate[0].startswith(f"model.guidance_scale={first} with model.init_args.policy.init_args."
+                                  f"guidance_scale_2={second}: WanPipeline runs no guidance at all")
