@@ -84,6 +84,9 @@ def test_a_gpu_config_passes_the_checks_before_loading_as_shipped(config, tmp_pa
         raise ChecksPassed
 
     monkeypatch.setattr(FlowRLCLI, "instantiate_classes", stop)
+    # the machine the config is for: its GPUs (the check that refuses a GPU config here has its own test)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
     model_dir = request.getfixturevalue(STAND_INS[family(config)])  # the hub id would need the network
     init = yaml.safe_load((ROOT / "configs" / config).read_text())["model"]["init_args"]
     downloads = [f"--model.init_args.{key}={yaml.safe_dump(value).split()[0]}" for key, value in DOWNLOADS.items()
