@@ -178,7 +178,7 @@ def new_family(name: str, root: Path, lora: LoraOptions) -> tuple[FlowPolicy, Ca
         "flux2": (Flux2Policy, Flux2KleinPipeline, tiny.flux2_klein_components, bare.flux2_transformer),
         "zimage": (ZImagePolicy, ZImagePipeline, tiny.zimage_components, bare.zimage_transformer)}[name]
     path = save_pipeline(pipeline_class, build, root / name)
-    return policy_class(str(path), lora=lora, resolution=32, max_sequence_length=16), make_bare
+    return policy_class(str(path), lora=lora, resolution=32, max_sequence_length=16).load(), make_bare
 
 
 def measure(name: str, root: Path, batch: int, steps: int, micro_batch: int, repeats: int,

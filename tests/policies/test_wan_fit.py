@@ -90,6 +90,9 @@ def test_each_video_config_passes_the_checks_before_loading_as_shipped(wan_dirs,
         raise ChecksPassed
 
     monkeypatch.setattr(FlowRLCLI, "instantiate_classes", stop)
+    # the machine the config is for: its GPUs (the check that refuses a GPU config here has its own test)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
     prompts = str(tiny_overlay(tmp_path, wan_dirs[CONFIGS[config]], config).parent / "p.jsonl") \
         if config == "wan_i2v_flow_grpo" else "[a red cat, a blue dog]"
     with pytest.raises(ChecksPassed):  # a SystemExit here is a problem the checks found: its text names it

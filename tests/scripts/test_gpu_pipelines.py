@@ -29,7 +29,7 @@ def test_the_full_size_wiring_runs_one_block_deep(family, tmp_path):
         "wan21_1b3": ("WanPipeline", WanPolicy, {"height": 32, "width": 32, "num_frames": 9,
                                                  "max_sequence_length": 16}, 1536)}[family]
     path = save_pipeline(getattr(diffusers, pipeline), lambda: getattr(gpu_pipelines, family)(layers=1), tmp_path)
-    policy = policy_class(str(path), lora=LoraOptions(rank=4, alpha=8), torch_dtype="bfloat16", **sizes)
+    policy = policy_class(str(path), lora=LoraOptions(rank=4, alpha=8), torch_dtype="bfloat16", **sizes).load()
     assert policy.denoiser.config.get("num_layers", 1) == 1  # one block deep ...
     assert max(p.shape[0] for p in policy.denoiser.parameters() if p.ndim == 2) >= width  # ... at the published width
     cond = policy.encode(["a red cat", "a photo of a dog"])
