@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from lightning.pytorch import Callback
 
 from flowrl.cli import main
 from tests.cli.test_fit import fit_args, load_steps
+from tests.sigterm import terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,17 +32,9 @@ def test_sigterm_says_it_stops_saves_a_checkpoint_that_resumes_prints_the_summar
     proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     dump = tmp_path / "run" / "dump"  # DumpOutputs writes step<k>_rank0.pt at the end of each batch
-    deadline = time.monotonic() + 300
-    while not (dump / "step1_rank0.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert (dump / "step1_rank0.pt").exists(), proc.communicate()[0][-3000:] if proc.poll() is not None else "no batch"
+    wait_for(proc, (dump / "step1_rank0.pt").exists, "no batch")
     done = len(list(dump.glob("step*_rank0.pt")))
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("the run did not stop within 120 s of SIGTERM")
+    out = terminate(proc)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]  # 143, as a shell reports a SIGTERM'd command
     said = [line for line in out.splitlines() if line.startswith("flowrl: SIGTERM received: stopping after the "
                                                                   "current batch")]
@@ -87,16 +79,8 @@ def test_sigterm_during_the_validation_before_training_stops_at_its_next_batch(t
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 300
-    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert marker.exists(), proc.communicate()[0][-3000:] if proc.poll() is not None else "validation never began"
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("the run did not stop within 120 s of SIGTERM")
+    wait_for(proc, marker.exists, "validation never began")
+    out = terminate(proc)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert out.count("flowrl: SIGTERM received: stopping after the current batch (at global step 0 now), then "
                      "saving no checkpoint (nothing is trained yet)") == 1, out[-3000:]

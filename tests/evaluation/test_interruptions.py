@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -15,6 +14,7 @@ import flowrl.evaluation.models as models
 from flowrl.cli import main
 from tests.evaluation.conftest import ROOT, SEEDS, STEPS
 from tests.evaluation.test_command import fake_run
+from tests.sigterm import terminate, wait_for
 
 OLD_REPORT = ("report.md", "scores.csv", "evaluation.json")
 
@@ -49,16 +49,8 @@ def test_sigterm_stops_after_the_batch_exits_143_and_leaves_no_stale_report(devi
     proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     drawn = out / "images" / "untrained"  # the last model of each batch: its first image ends the first batch
-    deadline = time.monotonic() + 300
-    while not (drawn.is_dir() and any(drawn.iterdir())) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert drawn.is_dir() and any(drawn.iterdir()), proc.communicate()[0][-3000:] if proc.poll() is not None else ""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        said, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("evaluate did not stop within 120 s of SIGTERM")
+    wait_for(proc, lambda: drawn.is_dir() and any(drawn.iterdir()), "no image drawn")
+    said = terminate(proc, "evaluate")
     assert proc.returncode == 128 + signal.SIGTERM, said[-3000:]
     assert said.count("flowrl evaluate: SIGTERM received: stopping after the current batch") == 1, said[-3000:]
     assert f"flowrl evaluate: stopped by SIGTERM; {out} has no report" in said

@@ -29,17 +29,20 @@ def test_a_source_index_past_the_records_sources_fails_before_loading(flux_konte
                 "has (0: the first, -1: the last)") in message, message
 
 
+def nine_frames(wan_dirs, tmp_path, *options: str) -> list[str]:
+    """The shipped Wan 2.1 config on the tiny Wan at 9 frames, with ``options``."""
+    return ["fit", "--config", str(ROOT / "configs/wan21_flow_grpo.yaml"), "--data.prompts=[a cat, a dog]",
+            f"--model.init_args.policy.init_args.model={wan_dirs['wan21']}", f"--trainer.default_root_dir={tmp_path}",
+            "--model.init_args.policy.init_args.num_frames=9", *options]
+
+
 def test_frames_past_the_video_policys_clip_fail_before_loading(wan_dirs, tmp_path, refuse_weights):
-    message = fails(["fit", "--config", str(ROOT / "configs/wan21_flow_grpo.yaml"), "--data.prompts=[a cat, a dog]",
-                     f"--model.init_args.policy.init_args.model={wan_dirs['wan21']}",
-                     f"--trainer.default_root_dir={tmp_path}", "--model.init_args.policy.init_args.num_frames=9",
-                     "--trainer.callbacks+=flowrl.rewards.JpegIncompressibility", "--trainer.callbacks.frames=[0, 12]"])
+    message = fails(nine_frames(wan_dirs, tmp_path, "--trainer.callbacks+=flowrl.rewards.JpegIncompressibility",
+                                "--trainer.callbacks.frames=[0, 12]"))
     assert ("trainer.callbacks: JpegIncompressibility frames=[0, 12]: indices [12] are outside a clip of 9 frames "
             "(model.init_args.policy.init_args.num_frames=9); pick frames in [-9, 9)") in message, message
     # a reward that compares neighbouring frames, given one
-    message = fails(["fit", "--config", str(ROOT / "configs/wan21_flow_grpo.yaml"), "--data.prompts=[a cat, a dog]",
-                     f"--model.init_args.policy.init_args.model={wan_dirs['wan21']}",
-                     f"--trainer.default_root_dir={tmp_path}", "--model.init_args.policy.init_args.num_frames=9",
-                     "--trainer.callbacks+=flowrl.rewards.TemporalConsistency", "--trainer.callbacks.frames=first"])
+    message = fails(nine_frames(wan_dirs, tmp_path, "--trainer.callbacks+=flowrl.rewards.TemporalConsistency",
+                                "--trainer.callbacks.frames=first"))
     assert ("trainer.callbacks: TemporalConsistency frames='first' picks 1 of the clip's 9 frames; it compares at "
             "least 2") in message, message
