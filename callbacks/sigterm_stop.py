@@ -24,9 +24,12 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
-class SigtermStop(Callback):
-    """Announces a SIGTERM once and saves a checkpoint and the summary when Lightning stops for it (``fit`` only;
-    :class:`flowrl.cli.FlowRLCLI` adds it to every ``fit``)."""
+class SigtermNotice(Callback):
+    """A SIGTERM handler beside Lightning's that says once, on rank zero, what the stop will do: installed at
+    ``setup`` of the stages in ``stages`` (None: any), before Lightning registers its own (which then calls this one
+    too), and put back at ``teardown``. Subclasses say what in :meth:`notice`."""
+
+    stages: Optional[tuple[str, ...]] = None
 
     def __init__(self) -> None:
         self.trainer: Any = None
@@ -34,8 +37,7 @@ class SigtermStop(Callback):
         self.previous: Any = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        # before Lightning registers its own handler (after setup, when fit starts), which then calls this one too
-        if stage == "fit" and self.previous is None:
+        if (self.stages is None or stage in self.stages) and self.previous is None:
             self.trainer, self.announced = trainer, False
             self.previous = signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -44,26 +46,37 @@ class SigtermStop(Callback):
 
     def restore(self) -> None:
         """Puts back the handler found at setup, once Lightning's teardown has put back this one (the one it found).
-        After an exception no ``teardown`` hook runs: :class:`flowrl.cli.FlowRLCLI` calls this when ``fit`` ends."""
+        After an exception no ``teardown`` hook runs: the command calls this when it ends."""
         if self.previous is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
             signal.signal(signal.SIGTERM, self.previous)
         self.previous = None
+
+    def notice(self, trainer) -> str:
+        raise NotImplementedError
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         trainer = self.trainer
         if self.announced or trainer is None or not trainer.is_global_zero:
             return
         self.announced = True
+        # os.write, not print: a signal handler may run in the middle of a print to the same stream
+        os.write(sys.stdout.fileno(), f"\n{self.notice(trainer)}\n".encode())
+
+
+class SigtermStop(SigtermNotice):
+    """Announces a SIGTERM once and saves a checkpoint and the summary when Lightning stops for it (``fit`` only;
+    :class:`flowrl.cli.FlowRLCLI` adds it to every ``fit``)."""
+
+    stages = ("fit",)
+
+    def notice(self, trainer) -> str:
         dirs = sorted({str(c.dirpath) for c in trainer.checkpoint_callbacks if c.dirpath})
         where = f" to {', '.join(dirs)}" if dirs else ""
         # at step 0 (the validation before training) ModelCheckpoint saves nothing: there is nothing to resume
         save = (f"saving a checkpoint{where}" if trainer.global_step else "saving no checkpoint (nothing is trained "
                 "yet)")
-        line = (f"\nflowrl: SIGTERM received: stopping after the current batch (at global step "
-                f"{trainer.global_step} now), then {save} and printing the run summary; the process exits with "
-                f"status 143\n")
-        # os.write, not print: a signal handler may run in the middle of a print to the same stream
-        os.write(sys.stdout.fileno(), line.encode())
+        return (f"flowrl: SIGTERM received: stopping after the current batch (at global step {trainer.global_step} "
+                f"now), then {save} and printing the run summary; the process exits with status 143")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):

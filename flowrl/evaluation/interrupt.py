@@ -13,13 +13,10 @@ decision shared by every rank) and :func:`flowrl.evaluation.command.run` exits 1
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback
+from flowrl.callbacks.sigterm_stop import SigtermNotice
 
 INCOMPLETE = "INCOMPLETE"
 #: what :func:`flowrl.evaluation.report.write_report` writes (the images are redrawn under ``images/``)
@@ -43,30 +40,13 @@ def mark_complete(out: Path) -> None:
     (out / INCOMPLETE).unlink(missing_ok=True)
 
 
-class StopOnSigterm(Callback):
+class StopOnSigterm(SigtermNotice):
     """Says at once, on rank zero, that a SIGTERM stops ``evaluate`` after the batch in progress."""
 
     def __init__(self, out: Any):
-        self.out, self.trainer, self.previous, self.announced = out, None, None, False
+        super().__init__()
+        self.out = out
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        # before Lightning registers its own handler (in its run, after setup), which then calls this one too
-        self.trainer, self.previous = trainer, signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def teardown(self, trainer, pl_module, stage: str) -> None:
-        self.restore()
-
-    def restore(self) -> None:
-        """Puts back the handler found at setup (also after an exception, when no ``teardown`` hook runs)."""
-        if self.previous is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-            signal.signal(signal.SIGTERM, self.previous)
-        self.previous = None
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self.announced or self.trainer is None or not self.trainer.is_global_zero:
-            return
-        self.announced = True
+    def notice(self, trainer) -> str:
         where = f"; {self.out} keeps its {INCOMPLETE} marker and gets no report" if self.out else ""
-        line = f"\nflowrl evaluate: SIGTERM received: stopping after the current batch{where}; exit status 143\n"
-        os.write(sys.stdout.fileno(), line.encode())  # not print: a handler may interrupt a print to this stream
-
+        return f"flowrl evaluate: SIGTERM received: stopping after the current batch{where}; exit status 143"
