@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 from torch import Tensor
 from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.model_paths import resolve_model
 from flowrl.policies.component_configs import component_config
+from flowrl.policies.flow_sigmas import linear_grid, pipeline_sigmas, token_mu
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.sd3 import resolution_problem
 
@@ -52,8 +51,9 @@ class FluxPolicy(PipelinePolicy):
                  max_sequence_length: int = 512, torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
-                         activation_offload)
+        super().__init__(lora=lora, torch_dtype=torch_dtype, autocast=autocast,
+                         gradient_checkpointing=gradient_checkpointing, vae_chunk_size=vae_chunk_size,
+                         prompt_cache_size=prompt_cache_size, activation_offload=activation_offload)
         self.path = resolve_model(model)
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
         self.vae_config = component_config(AutoencoderKL, self.path, "vae")
@@ -135,8 +135,4 @@ class FluxPolicy(PipelinePolicy):
         """``[T + 1]`` float32 as ``FluxPipeline``: ``linspace(1, 1/T, T)`` shifted by ``mu`` of the image's token
         count (dynamic shifting), ending at 0."""
         cfg, size = self.scheduler.config, self.latent_shape()[1]
-        mu = calculate_shift((size // 2) ** 2, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
-                             cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
-        sigmas = None if cfg.get("use_flow_sigmas") else np.linspace(1.0, 1 / num_steps, num_steps)
-        retrieve_timesteps(self.scheduler, num_steps, "cpu", sigmas=sigmas, mu=mu)
-        return self.scheduler.sigmas.float().clone()
+        return pipeline_sigmas(self.scheduler, num_steps, linear_grid(num_steps, cfg), token_mu(cfg, (size // 2) ** 2))

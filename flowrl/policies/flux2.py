@@ -20,15 +20,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 from diffusers import (AutoencoderKLFlux2, DiffusionPipeline, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline,
                        Flux2Pipeline, Flux2Transformer2DModel)
-from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu, retrieve_timesteps
+from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
 from torch import Tensor
 
 from flowrl.model_paths import resolve_model
 from flowrl.policies.component_configs import component_config
+from flowrl.policies.flow_sigmas import linear_grid, pipeline_sigmas
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.padded_prompts import PaddedPromptPolicy
 from flowrl.policies.sd3 import resolution_problem
@@ -117,8 +117,9 @@ class Flux2Policy(PaddedPromptPolicy):
                  max_sequence_length: int = 512, torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
-                         activation_offload)
+        super().__init__(lora=lora, torch_dtype=torch_dtype, autocast=autocast,
+                         gradient_checkpointing=gradient_checkpointing, vae_chunk_size=vae_chunk_size,
+                         prompt_cache_size=prompt_cache_size, activation_offload=activation_offload)
         self.path = resolve_model(model)
         index = DiffusionPipeline.load_config(self.path)  # model_index.json: the pipeline class and its config
         self.pipeline_name = index.get("_class_name", "?")
@@ -191,12 +192,8 @@ class Flux2Policy(PaddedPromptPolicy):
         bn, eps = self.vae.bn, self.vae.config.batch_norm_eps
         mean = bn.running_mean.view(1, -1, 1, 1).float()
         std = torch.sqrt(bn.running_var.view(1, -1, 1, 1).float() + eps)
-        images = []
-        for chunk in latents.split(self.vae_chunk_size or len(latents)):
-            z = self.pipeline_class._unpatchify_latents(chunk.float() * std + mean).to(self.vae.dtype)
-            with self._autocast():
-                images.append(self.vae.decode(z, return_dict=False)[0].float())
-        return (torch.cat(images) / 2 + 0.5).clamp(0, 1)
+        return self.decode_images(
+            latents, lambda z: self.pipeline_class._unpatchify_latents(z.float() * std + mean).to(self.vae.dtype))
 
     def latent_shape(self) -> tuple[int, ...]:
         size = self.resolution // (self.vae_scale_factor * 2)
@@ -206,6 +203,5 @@ class Flux2Policy(PaddedPromptPolicy):
         """``[T + 1]`` float32 as the FLUX.2 pipelines: ``linspace(1, 1/T, T)`` (or the scheduler's own grid with
         ``use_flow_sigmas``) shifted by ``compute_empirical_mu(h * w, T)``, ending at 0."""
         _, h, w = self.latent_shape()
-        grid = None if self.scheduler.config.get("use_flow_sigmas") else np.linspace(1.0, 1 / num_steps, num_steps)
-        retrieve_timesteps(self.scheduler, num_steps, "cpu", sigmas=grid, mu=compute_empirical_mu(h * w, num_steps))
-        return self.scheduler.sigmas.float().clone()
+        return pipeline_sigmas(self.scheduler, num_steps, linear_grid(num_steps, self.scheduler.config),
+                               compute_empirical_mu(h * w, num_steps))

@@ -86,8 +86,10 @@ class FluxKontextPolicy(FluxPolicy):
         if image_cache_size < 0:
             problems.append(f"policy.image_cache_size={image_cache_size} must be >= 0 (0 disables the cache)")
         with joined_problems(problems):
-            super().__init__(model, lora, resolution, max_sequence_length, torch_dtype, autocast,
-                             gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload)
+            super().__init__(model=model, lora=lora, resolution=resolution, max_sequence_length=max_sequence_length,
+                             torch_dtype=torch_dtype, autocast=autocast, gradient_checkpointing=gradient_checkpointing,
+                             vae_chunk_size=vae_chunk_size, prompt_cache_size=prompt_cache_size,
+                             activation_offload=activation_offload)
         self.source_area = source_area
         self.sources = SourceCache(image_cache_size)
 

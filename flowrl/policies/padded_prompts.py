@@ -64,12 +64,7 @@ class PaddedPromptPolicy(PipelinePolicy):
     @torch.no_grad()
     def _rows(self, prompts: list[str]) -> list[Tensor]:
         """Encodings of ``prompts`` (repeats allowed), each distinct prompt encoded once and then cached."""
-        found = {p: self.prompt_cache.get(p) for p in dict.fromkeys(prompts)}
-        missing = [p for p, value in found.items() if value is None]
-        if missing:
-            for prompt, row in zip(missing, self._encode_rows(missing)):
-                found[prompt] = (row,)
-                self.prompt_cache.put(prompt, found[prompt])
+        found = self.prompt_cache.lookup(prompts, lambda missing: [(row,) for row in self._encode_rows(missing)])
         device = self.denoiser.device
         return [found[p][0].to(device) for p in prompts]
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
-from typing import ClassVar, Iterator, Optional
+from typing import Callable, ClassVar, Hashable, Iterable, Iterator, Optional, Sequence
 
 import torch
+from diffusers.image_processor import VaeImageProcessor
 from torch import Tensor
 
 from flowrl.policies.base import Conditioning, FlowPolicy, LoraOptions, adapter_of
@@ -88,6 +89,23 @@ class PromptCache:
         while len(self.entries) > self.size:
             self.entries.popitem(last=False)
 
+    def lookup(self, keys: Sequence[Hashable], encode: Callable[[list], Iterable[tuple[Tensor, ...]]]) -> dict:
+        """Each distinct key's value: the cached ones, then the missing ones from one ``encode(missing)`` call
+        (missing keys in order of first appearance, one value each), cached.
+
+        >>> calls = []; cache = PromptCache(4)
+        >>> found = cache.lookup(["a", "b", "a"], lambda keys: calls.append(keys) or [(torch.ones(1),)] * len(keys))
+        >>> _ = cache.lookup(["b", "c"], lambda keys: calls.append(keys) or [(torch.ones(1),)] * len(keys)); calls
+        [['a', 'b'], ['c']]
+        """
+        found = {key: self.get(key) for key in dict.fromkeys(keys)}
+        missing = [key for key, value in found.items() if value is None]
+        if missing:
+            for key, value in zip(missing, encode(missing), strict=True):
+                found[key] = value
+                self.put(key, value)
+        return found
+
 
 class PipelinePolicy(FlowPolicy):
     """Base of the pipeline-backed adapters. Subclasses read their configs in ``__init__`` (``vae_config``,
@@ -112,7 +130,7 @@ class PipelinePolicy(FlowPolicy):
     def __init__(self, lora: Optional[LoraOptions], torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
-        super().__init__(lora, activation_offload)
+        super().__init__(lora=lora, activation_offload=activation_offload)
         # raised with the family's own problems by check_problems, at the end of the family's __init__
         self.option_problems = precision_problems(torch_dtype, autocast, vae_chunk_size, prompt_cache_size)
         self.torch_dtype = DTYPES.get(torch_dtype, torch.float32)
@@ -162,16 +180,8 @@ class PipelinePolicy(FlowPolicy):
     @torch.no_grad()
     def _encoded(self, prompts: list[str]) -> tuple[Tensor, ...]:
         """Encodings of ``prompts`` (repeats allowed), each distinct prompt encoded once and then cached."""
-        found = {p: self.prompt_cache.get(p) for p in dict.fromkeys(prompts)}
-        missing = [p for p, value in found.items() if value is None]
-        if missing:
-            parts = self._encode_batch(missing)
-            for i, prompt in enumerate(missing):
-                found[prompt] = tuple(part[i] for part in parts)
-                self.prompt_cache.put(prompt, found[prompt])
-        device = self.denoiser.device
-        width = len(found[prompts[0]])
-        return tuple(torch.stack([found[p][j] for p in prompts]).to(device) for j in range(width))
+        found = self.prompt_cache.lookup(prompts, lambda missing: zip(*self._encode_batch(missing)))
+        return stacked([found[p] for p in prompts], self.denoiser.device)
 
     def encode(self, prompts: list[str], images: Optional[list[list[Tensor]]] = None) -> Conditioning:
         """The prompts and, for classifier-free guidance, the empty prompt (diffusers' default negative prompt)."""
@@ -193,13 +203,31 @@ class PipelinePolicy(FlowPolicy):
 
     def decode(self, latents: Tensor) -> Tensor:
         """Images ``[B, 3, H, W]`` in ``[0, 1]`` from latents ``[B, C, h, w]``, ``vae_chunk_size`` at a time."""
-        cfg, chunks = self.vae.config, latents.split(self.vae_chunk_size or len(latents))
-        images = []
-        for chunk in chunks:
-            z = chunk.to(self.vae.dtype) / cfg.scaling_factor + (cfg.shift_factor or 0.0)
-            with self._autocast():
-                images.append(self.vae.decode(z, return_dict=False)[0].float())
-        return (torch.cat(images) / 2 + 0.5).clamp(0, 1)
+        cfg = self.vae.config
+        return self.decode_images(latents, lambda z: z.to(self.vae.dtype) / cfg.scaling_factor +
+                                  (cfg.shift_factor or 0.0))
+
+    def decode_images(self, latents: Tensor, vae_input: Callable[[Tensor], Tensor], autocast: bool = True) -> Tensor:
+        """The decode path of every family: ``vae_chunk_size`` latents at a time, each chunk mapped to the VAE's
+        input by ``vae_input`` (the family's un-normalisation), decoded (under ``autocast``, the policy's setting),
+        and the VAE's ``[-1, 1]`` output mapped to ``[0, 1]`` by the pipelines' ``VaeImageProcessor.denormalize``.
+        Returns the VAE's layout (``[B, 3, H, W]``; ``[B, 3, F, H, W]`` for a video VAE), float32."""
+        outputs = []
+        for chunk in latents.split(self.vae_chunk_size or len(latents)):
+            z = vae_input(chunk)
+            with self._autocast() if autocast else nullcontext():
+                outputs.append(self.vae.decode(z, return_dict=False)[0].float())
+        return VaeImageProcessor.denormalize(torch.cat(outputs))
+
+
+def stacked(rows: Sequence[tuple[Tensor, ...]], device: torch.device) -> tuple[Tensor, ...]:
+    """Per-row encodings (each a tuple of unbatched tensors, the same width) stacked into batched tensors on
+    ``device``.
+
+    >>> [t.shape for t in stacked([(torch.ones(2), torch.ones(3))] * 4, torch.device("cpu"))]
+    [torch.Size([4, 2]), torch.Size([4, 3])]
+    """
+    return tuple(torch.stack(part).to(device) for part in zip(*rows))
 
 
 def _trained_names(policy: PipelinePolicy) -> set[str]:

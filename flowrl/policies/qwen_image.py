@@ -18,16 +18,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
                        QwenImageTransformer2DModel)
-from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
 from torch import Tensor
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from flowrl.model_paths import resolve_model
 from flowrl.policies.component_configs import component_config
+from flowrl.policies.flow_sigmas import linear_grid, pipeline_sigmas, token_mu
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.padded_prompts import MASK, PaddedPromptPolicy, unpadded
 from flowrl.policies.sd3 import resolution_problem
@@ -80,8 +79,9 @@ class QwenImagePolicy(PaddedPromptPolicy):
                  resolution: int = 512, max_sequence_length: int = 512, negative_prompt: str = "",
                  torch_dtype: str = "float32", autocast: Optional[str] = None, gradient_checkpointing: bool = False,
                  vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
-                         activation_offload)
+        super().__init__(lora=lora, torch_dtype=torch_dtype, autocast=autocast,
+                         gradient_checkpointing=gradient_checkpointing, vae_chunk_size=vae_chunk_size,
+                         prompt_cache_size=prompt_cache_size, activation_offload=activation_offload)
         self.path = resolve_model(model)
         self.vae_config = component_config(AutoencoderKLQwenImage, self.path, "vae")
         self.denoiser_config = component_config(QwenImageTransformer2DModel, self.path, "transformer")
@@ -146,12 +146,8 @@ class QwenImagePolicy(PaddedPromptPolicy):
         cfg = self.vae.config
         mean = torch.tensor(cfg.latents_mean, device=latents.device).view(1, -1, 1, 1, 1)
         std = torch.tensor(cfg.latents_std, device=latents.device).view(1, -1, 1, 1, 1)
-        images = []
-        for chunk in latents.split(self.vae_chunk_size or len(latents)):
-            z = (chunk[:, :, None] * std + mean).to(self.vae.dtype)  # [n, C, 1, h, w]
-            with self._autocast():
-                images.append(self.vae.decode(z, return_dict=False)[0][:, :, 0].float())
-        return (torch.cat(images) / 2 + 0.5).clamp(0, 1)
+        # [n, C, 1, h, w] in, the one frame out
+        return self.decode_images(latents, lambda z: (z[:, :, None] * std + mean).to(self.vae.dtype))[:, :, 0]
 
     def latent_shape(self) -> tuple[int, ...]:
         size = 2 * (self.resolution // (self.vae_scale_factor * 2))
@@ -160,8 +156,6 @@ class QwenImagePolicy(PaddedPromptPolicy):
     def sigmas(self, num_steps: int) -> Tensor:
         """``[T + 1]`` float32 as ``QwenImagePipeline``: ``linspace(1, 1/T, T)`` shifted by ``mu`` of the packed
         token count (and stretched to the scheduler's terminal sigma, if it has one), ending at 0."""
-        cfg, size = self.scheduler.config, self.latent_shape()[1]
-        mu = calculate_shift((size // 2) ** 2, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
-                             cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
-        retrieve_timesteps(self.scheduler, num_steps, "cpu", sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
-        return self.scheduler.sigmas.float().clone()
+        size = self.latent_shape()[1]  # QwenImagePipeline reads no use_flow_sigmas: its grid is always linear
+        return pipeline_sigmas(self.scheduler, num_steps, linear_grid(num_steps),
+                               token_mu(self.scheduler.config, (size // 2) ** 2))

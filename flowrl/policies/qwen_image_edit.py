@@ -107,8 +107,10 @@ class QwenImageEditPolicy(QwenImagePolicy):
         path = resolve_model(model)
         index = DiffusionPipeline.load_config(path)  # the pipeline class and the processor's, before any weight
         with joined_problems(qwen_image_edit_problems(index, source_area, condition_area, image_cache_size)):
-            super().__init__(path, lora, resolution, MAX_SEQUENCE_LENGTH, negative_prompt, torch_dtype, autocast,
-                             gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload)
+            super().__init__(model=path, lora=lora, resolution=resolution, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                             negative_prompt=negative_prompt, torch_dtype=torch_dtype, autocast=autocast,
+                             gradient_checkpointing=gradient_checkpointing, vae_chunk_size=vae_chunk_size,
+                             prompt_cache_size=prompt_cache_size, activation_offload=activation_offload)
         self.pipeline_class = PIPELINES[index["_class_name"]]
         self.plus = self.pipeline_class is QwenImageEditPlusPipeline
         self.conditioning_images = -1 if self.plus else 1
@@ -145,16 +147,20 @@ class QwenImageEditPolicy(QwenImagePolicy):
     @torch.no_grad()
     def _text_rows(self, prompts: list[str], images: list[list[Tensor]], keys: list[str]) -> list[Tensor]:
         """Each row's unpadded encoding ``[L_i, D]`` of its prompt with its sources, encoded once per record."""
-        out = []
-        for prompt, row, key in zip(prompts, images, keys):
-            cache_key = f"{prompt}\x00{key}"
-            if (found := self.prompt_cache.get(cache_key)) is None:
-                embeds, mask = self.pipeline().encode_prompt(prompt=[prompt], image=self._vision_images(row),
-                                                             device=self.text_encoder.device)
-                found = (unpadded(embeds, mask)[0],)
-                self.prompt_cache.put(cache_key, found)
-            out.append(found[0].to(self.denoiser.device))
-        return out
+        cache_keys = [f"{prompt}\x00{key}" for prompt, key in zip(prompts, keys)]
+        records = dict([*zip(cache_keys, zip(prompts, images))][::-1])  # a key's first record
+
+        def encode(missing: list[str]) -> list[tuple[Tensor]]:  # one record per call, as the pipelines encode
+            return [(self._encode_record(*records[key]),) for key in missing]
+
+        found = self.prompt_cache.lookup(cache_keys, encode)
+        return [found[key][0].to(self.denoiser.device) for key in cache_keys]
+
+    def _encode_record(self, prompt: str, images: list[Tensor]) -> Tensor:
+        """One prompt's unpadded encoding ``[L, D]`` with its sources, from the pipeline's ``encode_prompt``."""
+        embeds, mask = self.pipeline().encode_prompt(prompt=[prompt], image=self._vision_images(images),
+                                                     device=self.text_encoder.device)
+        return unpadded(embeds, mask)[0]
 
     def _vae_size(self, image: Tensor) -> tuple[int, int]:
         """``(width, height)`` of a source for the VAE: ``source_area`` at its aspect ratio, multiples of 32."""

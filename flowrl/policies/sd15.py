@@ -71,8 +71,9 @@ class SD15Policy(PipelinePolicy):
                  lora: Optional[LoraOptions] = LoraOptions(rank=4, alpha=4.0), resolution: int = 512,
                  torch_dtype: str = "float32", autocast: Optional[str] = None, gradient_checkpointing: bool = False,
                  vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
-                         activation_offload)
+        super().__init__(lora=lora, torch_dtype=torch_dtype, autocast=autocast,
+                         gradient_checkpointing=gradient_checkpointing, vae_chunk_size=vae_chunk_size,
+                         prompt_cache_size=prompt_cache_size, activation_offload=activation_offload)
         self.path = resolve_model(model)
         self.resolution = resolution
         self.vae_config = component_config(AutoencoderKL, self.path, "vae")

@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Optional
 
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
 from torch import Tensor
 from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.model_paths import resolve_model
 from flowrl.policies.component_configs import component_config
+from flowrl.policies.flow_sigmas import SD3_MAX_SHIFT, pipeline_sigmas, token_mu
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.tiny import SD3_LORA_TARGETS
 
@@ -57,8 +57,9 @@ class SD3Policy(PipelinePolicy):
                  text_encoder_3: bool = True, max_sequence_length: int = 256, torch_dtype: str = "float32",
                  autocast: Optional[str] = None, gradient_checkpointing: bool = False,
                  vae_chunk_size: Optional[int] = None, prompt_cache_size: int = 1024, activation_offload: bool = False):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
-                         activation_offload)
+        super().__init__(lora=lora, torch_dtype=torch_dtype, autocast=autocast,
+                         gradient_checkpointing=gradient_checkpointing, vae_chunk_size=vae_chunk_size,
+                         prompt_cache_size=prompt_cache_size, activation_offload=activation_offload)
         self.path = resolve_model(model)
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
         self.text_encoder_3_enabled = text_encoder_3
@@ -109,12 +110,7 @@ class SD3Policy(PipelinePolicy):
 
     def sigmas(self, num_steps: int) -> Tensor:
         """``[T + 1]`` float32 from the scheduler's own grid and shift (dynamic shift if configured), ending at 0."""
-        cfg = self.scheduler.config
-        kwargs = {}
-        if cfg.get("use_dynamic_shifting"):
-            seq_len = (self.latent_shape()[1] // self.denoiser_config.patch_size) ** 2
-            kwargs["mu"] = calculate_shift(seq_len, cfg.get("base_image_seq_len", 256),
-                                           cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.5),
-                                           cfg.get("max_shift", 1.16))
-        retrieve_timesteps(self.scheduler, num_steps, "cpu", **kwargs)
-        return self.scheduler.sigmas.float().clone()
+        cfg, mu = self.scheduler.config, None
+        if cfg.get("use_dynamic_shifting"):  # StableDiffusion3Pipeline computes mu only then
+            mu = token_mu(cfg, (self.latent_shape()[1] // self.denoiser_config.patch_size) ** 2, SD3_MAX_SHIFT)
+        return pipeline_sigmas(self.scheduler, num_steps, mu=mu)

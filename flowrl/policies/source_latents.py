@@ -123,9 +123,6 @@ class SourceCache:
              device: torch.device) -> dict[str, Tensor]:
         """The stacked sources of ``images`` (one list per row), each distinct record encoded once."""
         keys = [row_key(row) for row in images]
-        found = {key: self.cache.get(key) for key in keys}
-        for key, row in zip(keys, images):
-            if found[key] is None:
-                found[key] = encode(row)
-                self.cache.put(key, found[key])
+        rows = dict([*zip(keys, images)][::-1])  # a key's first row, as encoded before the cache knew it
+        found = self.cache.lookup(keys, lambda missing: [encode(rows[key]) for key in missing])
         return stack_sources([found[key] for key in keys], device)

@@ -38,7 +38,7 @@ class TinyFlowPolicy(FlowPolicy):
 
     def __init__(self, model: str = "flowrl/tiny-digits", lora: Optional[LoraOptions] = LoraOptions(),
                  activation_offload: bool = False):
-        super().__init__(lora, activation_offload)
+        super().__init__(lora=lora, activation_offload=activation_offload)
         self.path = resolve_model(model)
         self.denoiser_config = component_config(SD3Transformer2DModel, self.path, "transformer")
         self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(self.path, subfolder="scheduler")

@@ -108,8 +108,9 @@ class WanPolicy(PipelinePolicy):
                  autocast: Optional[str] = None, gradient_checkpointing: bool = False,
                  vae_chunk_size: Optional[int] = 1, vae_tiling: bool = False, prompt_cache_size: int = 1024,
                  activation_offload: bool = False):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
-                         activation_offload)
+        super().__init__(lora=lora, torch_dtype=torch_dtype, autocast=autocast,
+                         gradient_checkpointing=gradient_checkpointing, vae_chunk_size=vae_chunk_size,
+                         prompt_cache_size=prompt_cache_size, activation_offload=activation_offload)
         self.path = resolve_model(model)
         index = self.pipeline_class.load_config(self.path)
         self.height, self.width, self.num_frames = height, width, num_frames
@@ -281,8 +282,6 @@ class WanPolicy(PipelinePolicy):
         cfg = self.vae.config
         mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(latents.device)
         std = torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(latents.device)
-        videos = []
-        for chunk in latents.split(self.vae_chunk_size or len(latents)):
-            z = (chunk.float() * std + mean).to(self.vae.dtype)
-            videos.append(self.vae.decode(z, return_dict=False)[0].float())  # [b, 3, F, H, W] in [-1, 1]
-        return (torch.cat(videos) / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
+        # the pipeline decodes without autocast; the VAE's [B, 3, F, H, W] read frame-major
+        videos = self.decode_images(latents, lambda z: (z.float() * std + mean).to(self.vae.dtype), autocast=False)
+        return videos.permute(0, 2, 1, 3, 4)

@@ -22,7 +22,7 @@ from diffusers import WanImageToVideoPipeline
 from torch import Tensor
 
 from flowrl.policies.base import Conditioning
-from flowrl.policies.pipeline_policy import PromptCache, joined_problems
+from flowrl.policies.pipeline_policy import PromptCache, joined_problems, stacked
 from flowrl.policies.source_latents import image_key
 from flowrl.policies.wan import WanPolicy
 
@@ -48,7 +48,7 @@ class WanI2VPolicy(WanPolicy):
             if image_cache_size < 0 else []
         # **kwargs passed on unchanged: jsonargparse reads WanPolicy's signature through it (--help, YAML checks)
         with joined_problems(problems):
-            super().__init__(model, **kwargs)
+            super().__init__(model=model, **kwargs)
         self.image_cache = PromptCache(image_cache_size)
 
     def _conditioning_problems(self, index: dict) -> list[str]:
@@ -82,14 +82,10 @@ class WanI2VPolicy(WanPolicy):
             raise ValueError(f"WanI2VPolicy takes exactly 1 conditioning image (the first frame) per prompt; got "
                              f"{counts} per prompt: give each prompt record one image in its \"images\" list")
         keys = [image_key(row[0]) for row in images]
-        found = {key: self.image_cache.get(key) for key in keys}
-        for key, row in zip(keys, images):
-            if found[key] is None:
-                found[key] = self._encode_image(row[0])
-                self.image_cache.put(key, found[key])
-        device = self.denoiser.device
+        frames = dict([(key, row[0]) for key, row in zip(keys, images)][::-1])  # a key's first frame
+        found = self.image_cache.lookup(keys, lambda missing: [self._encode_image(frames[key]) for key in missing])
         names = ["condition"] + (["image_embeds"] if self.image_encoder is not None else [])
-        return {name: torch.stack([found[key][j] for key in keys]).to(device) for j, name in enumerate(names)}
+        return dict(zip(names, stacked([found[key] for key in keys], self.denoiser.device)))
 
     @torch.no_grad()
     def _encode_image(self, image: Tensor) -> tuple[Tensor, ...]:

@@ -21,13 +21,13 @@ from typing import Optional
 
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
-from diffusers.pipelines.z_image.pipeline_z_image import (calculate_shift, get_default_z_image_sigmas,
-                                                          retrieve_timesteps)
+from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sigmas
 from torch import Tensor
 from transformers import AutoTokenizer, Qwen3Model
 
 from flowrl.model_paths import resolve_model
 from flowrl.policies.component_configs import component_config
+from flowrl.policies.flow_sigmas import pipeline_sigmas, token_mu
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.padded_prompts import MASK, PaddedPromptPolicy
 from flowrl.policies.sd3 import resolution_problem
@@ -82,8 +82,9 @@ class ZImagePolicy(PaddedPromptPolicy):
                  torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = None,
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
-        super().__init__(lora, torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size,
-                         activation_offload)
+        super().__init__(lora=lora, torch_dtype=torch_dtype, autocast=autocast,
+                         gradient_checkpointing=gradient_checkpointing, vae_chunk_size=vae_chunk_size,
+                         prompt_cache_size=prompt_cache_size, activation_offload=activation_offload)
         self.path = resolve_model(model)
         self.vae_config = component_config(AutoencoderKL, self.path, "vae")
         self.denoiser_config = component_config(ZImageTransformer2DModel, self.path, "transformer")
@@ -139,8 +140,6 @@ class ZImagePolicy(PaddedPromptPolicy):
     def sigmas(self, num_steps: int) -> Tensor:
         """``[T + 1]`` float32 as ``ZImagePipeline``: ``torch.linspace(1, 1/T, T)`` through the scheduler's shift
         (static, or dynamic with ``mu`` of the 2x2-patch token count), ending at 0."""
-        cfg, size = self.scheduler.config, self.latent_shape()[1]
-        mu = calculate_shift((size // 2) ** 2, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
-                             cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
-        retrieve_timesteps(self.scheduler, num_steps, "cpu", sigmas=get_default_z_image_sigmas(num_steps), mu=mu)
-        return self.scheduler.sigmas.float().clone()
+        size = self.latent_shape()[1]
+        return pipeline_sigmas(self.scheduler, num_steps, get_default_z_image_sigmas(num_steps),
+                               token_mu(self.scheduler.config, (size // 2) ** 2))
