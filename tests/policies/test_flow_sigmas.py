@@ -11,10 +11,10 @@ import sys
 
 import pytest
 import torch
-from diffusers import (FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, FluxPipeline, QwenImagePipeline,
-                       StableDiffusion3Pipeline, ZImagePipeline)
+from diffusers import (FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, FluxKontextPipeline, FluxPipeline,
+                       QwenImagePipeline, StableDiffusion3Pipeline, ZImagePipeline)
 
-from flowrl.policies import Flux2Policy, FluxPolicy, QwenImagePolicy, SD3Policy, ZImagePolicy
+from flowrl.policies import Flux2Policy, FluxKontextPolicy, FluxPolicy, QwenImagePolicy, SD3Policy, ZImagePolicy
 
 # the shift keys of the hub's scheduler/scheduler_config.json (the other keys are the scheduler's defaults)
 FLUX1_DEV = {"shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15,
@@ -37,9 +37,13 @@ FAMILIES = {
     "qwen_image": ("qwen_image_dir", QwenImagePolicy, QwenImagePipeline, {"max_sequence_length": 16}),
     "z_image": ("zimage_dir", ZImagePolicy, ZImagePipeline, {"max_sequence_length": 32, "guidance_scale": 0.0}),
     "flux2": ("flux2_dir", Flux2Policy, Flux2KleinPipeline, {"max_sequence_length": 16}),
+    # Kontext's pipeline shifts by the output's token count alone (no source image needed to read its grid); it
+    # rescales its output to max_area pixels (below: the policy's square)
+    "flux_kontext": ("flux_kontext_dir", FluxKontextPolicy, FluxKontextPipeline, {"max_sequence_length": 16}),
 }
 CASES = [("sd3", SD35), ("sd3", SD3_DYNAMIC), ("flux", FLUX1_DEV), ("flux", FLUX1_SCHNELL),
-         ("qwen_image", QWEN_IMAGE), ("z_image", Z_IMAGE_TURBO), ("z_image", Z_IMAGE_DYNAMIC), ("flux2", FLUX2_KLEIN)]
+         ("qwen_image", QWEN_IMAGE), ("z_image", Z_IMAGE_TURBO), ("z_image", Z_IMAGE_DYNAMIC), ("flux2", FLUX2_KLEIN),
+         ("flux_kontext", FLUX1_DEV)]
 
 
 class _Stop(Exception):
@@ -72,7 +76,8 @@ def test_sigmas_are_the_pipelines(family, config, request, monkeypatch):
         for steps in (4, 28):
             policy.scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
             pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
-            want = pipeline_grid(pipe, monkeypatch, num_inference_steps=steps, height=size, width=size, **call)
+            area = {"max_area": size * size} if family == "flux_kontext" else {}
+            want = pipeline_grid(pipe, monkeypatch, num_inference_steps=steps, height=size, width=size, **call, **area)
             ours = policy.sigmas(steps)
             assert ours.dtype == torch.float32 and ours.shape == (steps + 1,) and ours[-1] == 0
             assert torch.equal(ours, want), (size, steps, ours, want)
