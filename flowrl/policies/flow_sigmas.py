@@ -5,7 +5,8 @@ FLUX.1, FLUX.2 and Qwen-Image, Z-Image's ``get_default_z_image_sigmas``, the sch
 the image's token count (diffusers' ``calculate_shift`` with the scheduler config's bounds, FLUX.2's
 ``compute_empirical_mu``), and ``retrieve_timesteps``, which hands both to the scheduler's ``set_timesteps`` (the static
 or dynamic shift and the terminal stretch that the config asks for happen there). The adapters call these same
-functions with the same arguments, so their grids are the pipelines' bit for bit (``tests/policies/test_flow_sigmas.py``).
+functions with the same arguments, so their grids are the pipelines' bit for bit
+(``tests/policies/test_flow_sigmas.py``).
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class Flux2Policy(PaddedPromptPolicy):
         bn, eps = self.vae.bn, self.vae.config.batch_norm_eps
         mean = bn.running_mean.view(1, -1, 1, 1).float()
         std = torch.sqrt(bn.running_var.view(1, -1, 1, 1).float() + eps)
-        return self.decode_images(
+        return self.decode_chunks(
             latents, lambda z: self.pipeline_class._unpatchify_latents(z.float() * std + mean).to(self.vae.dtype))
 
     def latent_shape(self) -> tuple[int, ...]:

@@ -204,14 +204,15 @@ class PipelinePolicy(FlowPolicy):
     def decode(self, latents: Tensor) -> Tensor:
         """Images ``[B, 3, H, W]`` in ``[0, 1]`` from latents ``[B, C, h, w]``, ``vae_chunk_size`` at a time."""
         cfg = self.vae.config
-        return self.decode_images(latents, lambda z: z.to(self.vae.dtype) / cfg.scaling_factor +
+        return self.decode_chunks(latents, lambda z: z.to(self.vae.dtype) / cfg.scaling_factor +
                                   (cfg.shift_factor or 0.0))
 
-    def decode_images(self, latents: Tensor, vae_input: Callable[[Tensor], Tensor], autocast: bool = True) -> Tensor:
-        """The decode path of every family: ``vae_chunk_size`` latents at a time, each chunk mapped to the VAE's
-        input by ``vae_input`` (the family's un-normalisation), decoded (under ``autocast``, the policy's setting),
-        and the VAE's ``[-1, 1]`` output mapped to ``[0, 1]`` by the pipelines' ``VaeImageProcessor.denormalize``.
-        Returns the VAE's layout (``[B, 3, H, W]``; ``[B, 3, F, H, W]`` for a video VAE), float32."""
+    def decode_chunks(self, latents: Tensor, vae_input: Callable[[Tensor], Tensor], autocast: bool = True) -> Tensor:
+        """The decode path of every family, images and videos: ``vae_chunk_size`` latents at a time, each chunk
+        mapped to the VAE's input by ``vae_input`` (the family's un-normalisation), decoded (under ``autocast``, the
+        policy's setting), and the VAE's ``[-1, 1]`` output mapped to ``[0, 1]`` by the pipelines'
+        ``VaeImageProcessor.denormalize``. Returns the VAE's layout (``[B, 3, H, W]``; ``[B, 3, F, H, W]`` for a
+        video VAE), float32."""
         outputs = []
         for chunk in latents.split(self.vae_chunk_size or len(latents)):
             z = vae_input(chunk)

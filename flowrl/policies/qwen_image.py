@@ -147,7 +147,7 @@ class QwenImagePolicy(PaddedPromptPolicy):
         mean = torch.tensor(cfg.latents_mean, device=latents.device).view(1, -1, 1, 1, 1)
         std = torch.tensor(cfg.latents_std, device=latents.device).view(1, -1, 1, 1, 1)
         # [n, C, 1, h, w] in, the one frame out
-        return self.decode_images(latents, lambda z: (z[:, :, None] * std + mean).to(self.vae.dtype))[:, :, 0]
+        return self.decode_chunks(latents, lambda z: (z[:, :, None] * std + mean).to(self.vae.dtype))[:, :, 0]
 
     def latent_shape(self) -> tuple[int, ...]:
         size = 2 * (self.resolution // (self.vae_scale_factor * 2))

@@ -283,5 +283,5 @@ class WanPolicy(PipelinePolicy):
         mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(latents.device)
         std = torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(latents.device)
         # the pipeline decodes without autocast; the VAE's [B, 3, F, H, W] read frame-major
-        videos = self.decode_images(latents, lambda z: (z.float() * std + mean).to(self.vae.dtype), autocast=False)
+        videos = self.decode_chunks(latents, lambda z: (z.float() * std + mean).to(self.vae.dtype), autocast=False)
         return videos.permute(0, 2, 1, 3, 4)
