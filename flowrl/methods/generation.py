@@ -24,6 +24,7 @@ from flowrl.policies.base import Conditioning
 from flowrl.rewards.aggregate import tally_means
 from flowrl.rewards.reward_set import RewardSet, batch_metadata
 from flowrl.sampling.sampler import VelocityFn, sample
+from flowrl.sampling.solver import solver_sample
 from flowrl.sampling.steps import ODE_STEPS
 
 # ModelCheckpoint warns under manual optimization that checkpoints hold the weights after the optimizer step: that is
@@ -71,12 +72,17 @@ class Generation(LightningModule):
     @torch.no_grad()
     def generate(self, prompts: list[str], seeds: Tensor, num_steps: Optional[int] = None,
                  images: Optional[list] = None) -> Tensor:
-        """Images ``[B, 3, H, W]`` from the deterministic ODE sampler (no noise after the seeded start); ``images``:
-        the prompts' conditioning images, for an editing or image-to-video policy."""
+        """Images ``[B, 3, H, W]`` from the deterministic sampler (no noise after the seeded start): the policy's
+        own solver where its folder ships one (:meth:`~flowrl.policies.base.FlowPolicy.solver`: Wan's UniPC, as its
+        pipeline steps), else flowrl's ODE step (Euler; DDIM for SD1.5), which is the pipeline's. ``images``: the
+        prompts' conditioning images, for an editing or image-to-video policy."""
         cond = self.encode({"prompts": prompts, "images": images})
         sigmas = self.policy.sigmas(num_steps or self.eval_num_steps).to(self.device)
-        ode = ODE_STEPS[self.policy.prediction]
-        latents, _ = sample(self.velocity_fn(cond), seeds, sigmas, self.policy.latent_shape(), ode, device=self.device)
+        shape, solver = self.policy.latent_shape(), self.policy.solver()
+        if solver is not None:
+            return self.policy.decode(solver_sample(self.velocity_fn(cond), seeds, sigmas, shape, solver, self.device))
+        latents, _ = sample(self.velocity_fn(cond), seeds, sigmas, shape, ODE_STEPS[self.policy.prediction],
+                            device=self.device)
         return self.policy.decode(latents[:, -1])
 
     def _tally(self, batch: dict) -> dict[str, Tensor]:
