@@ -42,13 +42,16 @@ def gap(ours: Tensor, theirs: Tensor) -> float:
 
 @dataclass(frozen=True)
 class Case:
-    """One family's comparison: ``folder`` (a key of :func:`folders`), the policy ``build``, the ``pipeline`` class
-    name, the pipeline's call arguments for :data:`PROMPTS` (``call(policy, pipe, guidance)``), the pipeline's
-    encodings paired with the policy's (``encode(pipe, cond)``), the policy's latents in the layout of the pipeline's
-    steps (``pack``) and of its ``latents`` argument (``start``, default ``pack``), the conditioning images of each
-    prompt (``images``) of the first ``rows`` prompts, the pipeline's grid in the policy's terms (``sigmas``), a context the policy and pipeline
-    are built and run in (``sizes``), and the scheduler class the pipeline is given (``solver``: SD1.5's DDIM, as
-    flowrl steps it, in place of the folder's PNDM)."""
+    """One family's comparison on the first ``rows`` of :data:`PROMPTS`.
+
+    ``folder``: a key of :func:`folders`; ``build``: the policy on it; ``pipeline``: the pipeline's class name;
+    ``call(policy, pipe, guidance)``: the pipeline's arguments besides ``latents`` and the steps; ``encode(pipe,
+    cond)``: the pipeline's encodings paired with the policy's; ``pack``: the policy's latents in the layout of the
+    pipeline's steps (``start``: of its ``latents`` argument, default ``pack``); ``images``: each prompt's
+    conditioning images; ``sigmas``: the pipeline's grid in the policy's terms; ``sizes``: a context both are built
+    and run in; ``solver``: the scheduler class the pipeline is given (SD1.5's DDIM, as flowrl steps it, in place of
+    the folder's PNDM).
+    """
 
     folder: str
     build: Callable
@@ -88,8 +91,9 @@ def measure(case: Case, path: str, steps: int = STEPS, guidance: float = GUIDANC
         step = pipe.scheduler.step
         pipe.scheduler.step = lambda out, *a, **k: outputs.append(out) or step(out, *a, **k)
         noise = start_noise(policy, seeds)
-        pipe(**case.call(policy, pipe, guidance), latents=(case.start or case.pack)(policy, noise), num_inference_steps=steps,
-             output_type="latent", callback_on_step_end=lambda p, i, t, tensors: seen.update(tensors) or {})
+        pipe(**case.call(policy, pipe, guidance), latents=(case.start or case.pack)(policy, noise),
+             num_inference_steps=steps, output_type="latent",
+             callback_on_step_end=lambda p, i, t, tensors: seen.update(tensors) or {})
         sigmas = policy.sigmas(steps)
         with torch.no_grad():
             velocity = policy.velocity(noise, sigmas[:1].expand(len(noise)), cond, guidance)
@@ -132,6 +136,8 @@ def folders(root: Path) -> dict[str, str]:
             "zimage_dir": save(diffusers.ZImagePipeline, tiny_families.zimage_components, root / "zimage"),
             "flux_kontext_dir": save(diffusers.FluxKontextPipeline, tiny_editing.flux_kontext_components,
                                  root / "kontext"),
+            "qwen_edit_dir": save(diffusers.QwenImageEditPipeline, tiny_editing.qwen_image_edit_components,
+                                  root / "qwen_edit"),
             "qwen_edit_plus_dir": save(diffusers.QwenImageEditPlusPipeline, tiny_editing.qwen_image_edit_components,
                                    root / "qwen_edit_plus")}
     made = {name: str(path) for name, path in made.items()}

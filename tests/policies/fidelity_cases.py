@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from unittest import mock
 
 import diffusers
-from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus
+from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
 
 from flowrl import policies
 from flowrl.policies import LoraOptions
@@ -61,10 +61,13 @@ def wan_i2v_call(policy, pipe, guidance, **kw):
 
 @contextmanager
 def qwen_edit_sizes():
-    """The Edit-Plus pipeline's source sizes (1024 x 1024 for the VAE, 384 x 384 for the vision tower) scaled to
-    the tiny model, as the policy is built with them."""
+    """The Edit pipelines' source sizes (1024 x 1024 for the VAE, and the vision tower's: Edit-Plus's 384 x 384,
+    Edit's the VAE's) scaled to the tiny models, as the policies are built with them."""
+    sized = pipeline_qwenimage_edit.calculate_dimensions  # Edit computes 1024 * 1024 inline
     with mock.patch.object(pipeline_qwenimage_edit_plus, "VAE_IMAGE_SIZE", SOURCE_AREA), \
-            mock.patch.object(pipeline_qwenimage_edit_plus, "CONDITION_IMAGE_SIZE", CONDITION_AREA):
+            mock.patch.object(pipeline_qwenimage_edit_plus, "CONDITION_IMAGE_SIZE", CONDITION_AREA), \
+            mock.patch.object(pipeline_qwenimage_edit, "calculate_dimensions",
+                              lambda area, ratio: sized(SOURCE_AREA, ratio)):
         yield
 
 
@@ -73,13 +76,29 @@ def edit_source():
 
 
 def qwen_edit_embeds(pipe, cond):
-    """The prompt and negative embeddings Edit-Plus computes with the source (its prompts read the image)."""
+    """The prompt and negative embeddings the Edit pipelines compute with the source (their prompts read the image
+    through the vision tower: Edit-Plus at its condition size, a list; Edit at the VAE size)."""
     image = to_pil(edit_source()[None])[0]
-    width, height = pipeline_qwenimage_edit_plus.calculate_dimensions(CONDITION_AREA, image.width / image.height)
-    condition = [pipe.image_processor.resize(image, height, width)]
-    embeds, _ = pipe.encode_prompt(list(PROMPTS[:1]), condition)
-    null, _ = pipe.encode_prompt([NEGATIVE], condition)
+    if isinstance(pipe, diffusers.QwenImageEditPlusPipeline):
+        width, height = pipeline_qwenimage_edit_plus.calculate_dimensions(CONDITION_AREA, image.width / image.height)
+        seen = [pipe.image_processor.resize(image, height, width)]
+    else:
+        width, height, _ = pipeline_qwenimage_edit.calculate_dimensions(SOURCE_AREA, image.width / image.height)
+        seen = pipe.image_processor.resize(image, height, width)
+    embeds, _ = pipe.encode_prompt(list(PROMPTS[:1]), seen)
+    null, _ = pipe.encode_prompt([NEGATIVE], seen)
     return [(cond.embeds, embeds), (cond.null_embeds, null)]
+
+
+def qwen_edit(folder: str, pipeline: str) -> Case:
+    """A Qwen-Image-Edit case: one prompt (the pipelines read a list of images as one prompt's sources)."""
+    source = lambda: to_pil(edit_source()[None])[0]  # noqa: E731
+    return Case(folder, lambda p: policies.QwenImageEditPolicy(
+        p, lora=LORA, resolution=32, source_area=SOURCE_AREA, condition_area=CONDITION_AREA,
+        negative_prompt=NEGATIVE).load(), pipeline, lambda policy, pipe, g: square(dict(
+            prompt=list(PROMPTS[:1]), image=[source()] if "Plus" in pipeline else source(),
+            negative_prompt=[NEGATIVE], true_cfg_scale=g)),
+        qwen_edit_embeds, packed(pipeline), images=lambda: [[edit_source()]], sizes=qwen_edit_sizes, rows=1)
 
 
 CASES = {
@@ -119,15 +138,8 @@ CASES = {
         lambda pipe, cond: [(cond.embeds, pipe.encode_prompt(list(PROMPTS), max_sequence_length=16)[0]),
                             (cond.null_embeds, pipe.encode_prompt([NEGATIVE] * 2, max_sequence_length=16)[0])],
         packed("QwenImagePipeline")),
-    "Qwen-Image-Edit-Plus": Case(
-        "qwen_edit_plus_dir", lambda p: policies.QwenImageEditPolicy(
-            p, lora=LORA, resolution=32, source_area=SOURCE_AREA, condition_area=CONDITION_AREA,
-            negative_prompt=NEGATIVE).load(),
-        "QwenImageEditPlusPipeline", lambda policy, pipe, g: square(dict(
-            prompt=list(PROMPTS[:1]), image=[to_pil(edit_source()[None])[0]], negative_prompt=[NEGATIVE],
-            true_cfg_scale=g)),
-        qwen_edit_embeds, packed("QwenImageEditPlusPipeline"), images=lambda: [[edit_source()]],
-        sizes=qwen_edit_sizes, rows=1),  # the pipeline reads a list of images as one prompt's
+    "Qwen-Image-Edit": qwen_edit("qwen_edit_dir", "QwenImageEditPipeline"),
+    "Qwen-Image-Edit-Plus": qwen_edit("qwen_edit_plus_dir", "QwenImageEditPlusPipeline"),
     "Z-Image": Case(
         "zimage_dir", lambda p: policies.ZImagePolicy(p, lora=LORA, resolution=32, max_sequence_length=32,
                                                   negative_prompt=NEGATIVE).load(),
