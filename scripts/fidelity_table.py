@@ -5,7 +5,7 @@ default suite's ``tests/policies/test_fidelity.py`` holds each within 1e-5).
 
     OMP_NUM_THREADS=1 python scripts/fidelity_table.py [--steps 3] [--family "Wan 2.2 T2V" ...]
 
-Prints a Markdown table with the machine, torch and diffusers versions (the Models page keeps its output).
+Prints a Markdown table with the machine and the torch, diffusers and transformers versions (the Models page keeps its output).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def table(rows: dict[str, dict[str, float]], measures: tuple[str, ...]) -> str:
 def main(argv=None) -> None:
     import diffusers
     import torch
+    import transformers
 
     from tests.policies.fidelity import MEASURES, STEPS, folders, measure
     from tests.policies.fidelity_cases import CASES
@@ -51,7 +52,8 @@ def main(argv=None) -> None:
                 for family in args.family or CASES}
     print(table(rows, MEASURES))
     print(f"\n{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s), float32, "
-          f"{args.steps} steps; torch {torch.__version__}, diffusers {diffusers.__version__}")
+          f"{args.steps} steps; torch {torch.__version__}, diffusers {diffusers.__version__}, "
+          f"transformers {transformers.__version__}")
 
 
 if __name__ == "__main__":
