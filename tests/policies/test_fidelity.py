@@ -3,6 +3,8 @@ encodings, the sigma grid, the first step's guided velocity and a short determin
 published scheduler configs (Wan's UniPC included), a negative prompt longer than the prompts and non-square sizes
 where the family has them. ``scripts/fidelity_table.py`` prints the same measures as the Models page's table."""
 
+from pathlib import Path
+
 import pytest
 
 from tests.policies.fidelity import MEASURES, measure, published_wan
@@ -22,3 +24,15 @@ def test_every_family_equals_its_pipeline(family, request):
     measured = measure(case, folders[case.folder])
     assert set(measured) == set(MEASURES)
     assert max(measured.values()) <= 1e-5, measured
+
+
+def test_the_models_pages_table_has_every_family_and_measure():
+    """The Models page keeps ``scripts/fidelity_table.py``'s table: a row per case, its four measures within 1e-5."""
+    page = (Path(__file__).resolve().parents[2] / "docs/models.md").read_text()
+    header = "| family | " + " | ".join(MEASURES) + " |"
+    assert header in page
+    rows = page.split(header)[1].split("\n\n")[0].strip().splitlines()[1:]
+    table = {cells[0]: [float(c) for c in cells[1:]] for cells in
+             ([c.strip() for c in row.strip("|").split("|")] for row in rows)}
+    assert list(table) == list(CASES)
+    assert all(len(values) == len(MEASURES) and max(values) <= 1e-5 for values in table.values()), table
