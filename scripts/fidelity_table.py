@@ -5,7 +5,7 @@ default suite's ``tests/policies/test_fidelity.py`` holds each within 1e-5).
 
     OMP_NUM_THREADS=1 python scripts/fidelity_table.py [--steps 3] [--family "Wan 2.2 T2V" ...]
 
-Prints a Markdown table with the machine and the torch, diffusers and transformers versions (the Models page keeps its output).
+    OMP_NUM_THREADS=1 python scripts/fidelity_table.py [--steps 3] [--family NAME ...]
 """
 
 from __future__ import annotations
