@@ -3,9 +3,10 @@ adapter and the plain diffusers pipeline on the tests' tiny random-weight folder
 sigma grid, the first step's guided velocity and a short deterministic sample (``tests/policies/fidelity.py``; the
 default suite's ``tests/policies/test_fidelity.py`` holds each within 1e-5).
 
-    OMP_NUM_THREADS=1 python scripts/fidelity_table.py [--steps 3] [--family "Wan 2.2 T2V" ...]
-
     OMP_NUM_THREADS=1 python scripts/fidelity_table.py [--steps 3] [--family NAME ...]
+
+Prints a Markdown table with the machine and the torch, diffusers and transformers versions (the Models page keeps
+its output).
 """
 
 from __future__ import annotations
