@@ -8,7 +8,8 @@ config and every LightningCLI option still applies (``--trainer.accelerator=cuda
     python -m flowrl predict --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt \\
         --prompts "red 3 and blue 7" "green 1 and yellow 4" --seeds 0 1 2 3
 
-The images are :meth:`flowrl.methods.BaseModule.generate`'s (deterministic ODE from each seed) and are written by
+The images are :meth:`flowrl.methods.BaseModule.generate`'s (the deterministic sampler from each seed: the
+pipeline's solver, see :meth:`~flowrl.methods.generation.Generation.final_latents`) and are written by
 :class:`flowrl.callbacks.ImageWriter`.
 """
 

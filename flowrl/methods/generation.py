@@ -24,6 +24,7 @@ from flowrl.policies.base import Conditioning
 from flowrl.rewards.aggregate import tally_means
 from flowrl.rewards.reward_set import RewardSet, batch_metadata
 from flowrl.sampling.sampler import VelocityFn, sample
+from flowrl.sampling.solver import solver_sample
 from flowrl.sampling.steps import ODE_STEPS
 
 # ModelCheckpoint warns under manual optimization that checkpoints hold the weights after the optimizer step: that is
@@ -71,13 +72,24 @@ class Generation(LightningModule):
     @torch.no_grad()
     def generate(self, prompts: list[str], seeds: Tensor, num_steps: Optional[int] = None,
                  images: Optional[list] = None) -> Tensor:
-        """Images ``[B, 3, H, W]`` from the deterministic ODE sampler (no noise after the seeded start); ``images``:
-        the prompts' conditioning images, for an editing or image-to-video policy."""
+        """Images ``[B, 3, H, W]`` (videos ``[B, F, 3, H, W]``) decoded from :meth:`final_latents` of the prompts'
+        conditioning; ``images``: the prompts' conditioning images, for an editing or image-to-video policy."""
         cond = self.encode({"prompts": prompts, "images": images})
+        return self.policy.decode(self.final_latents(cond, seeds, num_steps))
+
+    @torch.no_grad()
+    def final_latents(self, cond: Conditioning, seeds: Tensor, num_steps: Optional[int] = None) -> Tensor:
+        """Final latents ``[B, *latent_shape]`` of the deterministic sampler (no noise after the seeded start,
+        ``eval_num_steps`` steps by default, ``guidance_scale``): the policy's own solver where its folder ships one
+        (:meth:`~flowrl.policies.base.FlowPolicy.solver`: Wan's UniPC, as its pipeline steps), else flowrl's ODE step
+        (Euler; DDIM for SD1.5), which is then the pipeline's."""
         sigmas = self.policy.sigmas(num_steps or self.eval_num_steps).to(self.device)
-        ode = ODE_STEPS[self.policy.prediction]
-        latents, _ = sample(self.velocity_fn(cond), seeds, sigmas, self.policy.latent_shape(), ode, device=self.device)
-        return self.policy.decode(latents[:, -1])
+        shape, solver = self.policy.latent_shape(), self.policy.solver()
+        if solver is not None:
+            return solver_sample(self.velocity_fn(cond), seeds, sigmas, shape, solver, self.device)
+        latents, _ = sample(self.velocity_fn(cond), seeds, sigmas, shape, ODE_STEPS[self.policy.prediction],
+                            device=self.device)
+        return latents[:, -1]
 
     def _tally(self, batch: dict) -> dict[str, Tensor]:
         """The reward set's tally of the ODE samples of a batch's ``prompts`` from its ``seeds``."""

@@ -311,3 +311,9 @@ class FlowPolicy(nn.Module):
 
     def sigmas(self, num_steps: int) -> Tensor:
         raise NotImplementedError
+
+    def solver(self):
+        """A fresh copy of the model folder's own scheduler where deterministic sampling (``generate``: validation,
+        ``evaluate``, ``predict``) steps with its ``step`` (a multistep solver such as Wan's UniPC, whose state a
+        copy keeps per generation), or None where flowrl's ODE step is the pipeline's (Euler, DDIM)."""
+        return None

@@ -31,7 +31,7 @@ from flowrl.policies.component_configs import component_config
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.wan_experts import EXPERTS, WanExperts
-from flowrl.policies.wan_schedule import TimestepTable, load_scheduler, scheduler_sigmas
+from flowrl.policies.wan_schedule import TimestepTable, load_scheduler, own_solver, scheduler_sigmas
 
 # flow_grpo scripts/train_wan2_1.py: the attention projections (add_* exist in the image-to-video models only;
 # peft skips a name no module has as long as another name matches)
@@ -226,6 +226,11 @@ class WanPolicy(PipelinePolicy):
         sigmas, timesteps = scheduler_sigmas(self.scheduler, num_steps)
         self.timestep_table.remember(sigmas[:-1], timesteps)
         return sigmas
+
+    def solver(self):
+        """A fresh copy of the folder's UniPC (or other non-Euler) scheduler: ``generate`` steps with it as
+        ``WanPipeline`` does; None for a FlowMatchEuler folder (flowrl's Euler ODE step is its step)."""
+        return own_solver(self.scheduler)
 
     def timesteps(self, sigma: Tensor) -> Tensor:
         """The scheduler's timestep of each ``sigma [B]`` of a grid :meth:`sigmas` made (elsewhere ``sigma * 1000``)."""

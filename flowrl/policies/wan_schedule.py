@@ -54,6 +54,20 @@ def scheduler_sigmas(scheduler, num_steps: int) -> tuple[Tensor, Tensor]:
     return sigmas, scheduler.timesteps.clone()
 
 
+def own_solver(scheduler):
+    """A fresh copy of ``scheduler`` (its config, no step state) where its ``step`` is not flowrl's Euler ODE step
+    (UniPC, as the published Wan folders ship), else None: what :meth:`~flowrl.policies.base.FlowPolicy.solver`
+    returns, so that deterministic sampling integrates as the pipeline does.
+
+    >>> from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+    >>> own_solver(FlowMatchEulerDiscreteScheduler()) is None, type(own_solver(UniPCMultistepScheduler())).__name__
+    (True, 'UniPCMultistepScheduler')
+    """
+    if isinstance(scheduler, diffusers.FlowMatchEulerDiscreteScheduler):
+        return None
+    return type(scheduler).from_config(scheduler.config)
+
+
 class TimestepTable:
     """The scheduler's timestep of each sigma of the grids handed out; for any other sigma (a policy used before it
     made a grid, a method that trains at sigmas of its own) ``sigma * num_train_timesteps``, truncated to an integer

@@ -5,6 +5,8 @@
 - :mod:`~flowrl.sampling.sampler`: ``sample_from``, the one sampler primitive (continue from any state at any step,
   SDE or ODE per row and step, the caller's noise), ``sample`` from seeded noise, branch noise from
   ``(tree seed, path)``, step masks;
+- :mod:`~flowrl.sampling.solver`: ``solver_sample``, deterministic sampling with a model folder's own multistep
+  scheduler (Wan's UniPC), for ``generate`` where the pipeline does not step Euler;
 - :mod:`~flowrl.sampling.rollout`: the ``Rollout`` record every method fills (rows, conditioning rows, tree node
   ids, per-row NFE) and its tree helpers (parents, depths, edges trained once);
 - :mod:`~flowrl.sampling.tree`: the tree sampler (TempFlow-GRPO, Dynamic-TreeRPO, BranchGRPO): a frontier of nodes
@@ -21,8 +23,9 @@ from flowrl.sampling.ode_complete import Completion, complete_trajectories, ode_
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import (NoiseStream, branch_seed, path_noise, sample, sample_from, sde_steps,
                                      seeded_noise, trained_steps)
+from flowrl.sampling.solver import solver_sample
 from flowrl.sampling.steps import STEPS, StepOutput, gaussian_log_prob, get_step
 
 __all__ = ["Completion", "NoiseStream", "Rollout", "STEPS", "StepOutput", "branch_seed", "complete_trajectories",
            "completion_rewards", "gaussian_log_prob", "get_step", "ode_complete", "path_noise", "sample",
-           "sample_from", "sde_steps", "seeded_noise", "trained_steps"]
+           "sample_from", "sde_steps", "seeded_noise", "solver_sample", "trained_steps"]

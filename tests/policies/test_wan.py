@@ -6,8 +6,10 @@ import pytest
 import torch
 from diffusers import WanPipeline
 
+from flowrl.methods import FlowGRPO
 from flowrl.policies import LoraOptions, WanPolicy
 from flowrl.sampling.sampler import sample, seeded_noise
+from flowrl.sampling.solver import solver_sample
 from flowrl.sampling.steps import ODE_STEPS
 from tests.policies.tiny_wan import FRAMES, SIZE
 
@@ -82,6 +84,25 @@ def test_ode_sample_and_video_are_the_pipelines_for_the_same_noise(wan_dirs, nam
                                rtol=1e-5)
     if extra:  # guidance_scale_2 matters: the low-noise steps guided at 4.0 give another sample
         assert (ode_sample(wan(wan_dirs[name]), 4, 4.0) - ours).abs().max() > 1e-4
+
+
+def test_generate_steps_the_folders_unipc_as_the_pipeline(wan_dirs):
+    """Validation, evaluate and predict (``generate``) give the pipeline's video for a UniPC folder (Wan 2.2 as
+    published, flow_shift 12, boundary 0.875); flowrl's Euler ODE on the same grid gives another one."""
+    policy = wan(wan_dirs["wan22"], guidance_scale_2=2.0)
+    pipe = WanPipeline.from_pretrained(wan_dirs["wan22"])
+    assert type(policy.solver()).__name__ == "UniPCMultistepScheduler" and policy.solver() is not policy.solver()
+    assert wan(wan_dirs["wan22_euler"]).solver() is None  # Euler folders keep flowrl's ODE step, the same step
+    want = pipe_call(pipe, policy, 6, 4.0, output_type="latent", guidance_scale_2=2.0)
+    cond = policy.encode(PROMPTS)
+    velocity = lambda z, sigma, rows: policy.velocity(z, sigma, cond.select(rows), 4.0)  # noqa: E731
+    ours = solver_sample(velocity, SEEDS, policy.sigmas(6), policy.latent_shape(), policy.solver())
+    torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
+    assert (ode_sample(policy, 6, 4.0) - want).abs().max() > 1e-2  # Euler on UniPC's grid: what flowrl did before
+    video = FlowGRPO(policy, guidance_scale=4.0).generate(PROMPTS, SEEDS, 6)  # twice: a fresh solver each time
+    torch.testing.assert_close(FlowGRPO(policy, guidance_scale=4.0).generate(PROMPTS, SEEDS, 6), video)
+    torch.testing.assert_close(video, pipe_call(pipe, policy, 6, 4.0, output_type="pt", guidance_scale_2=2.0),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_ti2v_5b_shape_48_channel_vae_and_per_token_timesteps_match_the_pipeline(wan_dirs):
