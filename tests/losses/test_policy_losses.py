@@ -133,7 +133,7 @@ def test_sapo_soft_gate_values_and_gradients():
 
 def test_unknown_names_and_options_fail_clearly():
     x, mask = torch.zeros(1, 1), ONE
-    with pytest.raises(ValueError, match=r"unknown policy loss 'ppo'; available: \['cispo', 'gpg', 'gspo', 'sapo'"):
+    with pytest.raises(ValueError, match=r"unknown policy loss 'ppo'; available: \['cispo', 'dppo', 'gpg', 'grpo_guard', 'gspo', 'sapo'"):
         losses.policy_loss("ppo", x, x, x, mask)
     with pytest.raises(ValueError, match="'gpg' has no option 'clip_low'; its options: \\[\\]"):
         losses.policy_loss("gpg", x, x, x, mask, clip_low=0.2)
