@@ -240,11 +240,10 @@ class PPOUpdate:
         for micro in epoch:
             for chunk in micro:
                 out = transition(chunk)
-                if chunk is filler:
-                    continue
-                log_probs[chunk[:, 0], chunk[:, 1]] = out.log_prob
-                if means:
+                if means:  # the filler's too: a rank that trains no pair of its own still computes its loss
                     if old_means is None:
                         old_means = out.mean.new_zeros(*log_probs.shape, *out.mean.shape[1:], dtype=torch.float32)
                     old_means[chunk[:, 0], chunk[:, 1]] = out.mean.float()
+                if chunk is not filler:
+                    log_probs[chunk[:, 0], chunk[:, 1]] = out.log_prob
         return log_probs, old_means
