@@ -125,7 +125,8 @@ def policy_loss_options(name: str) -> dict[str, Any]:
     {'tau_pos': 1.0, 'tau_neg': 1.05}
     """
     params = inspect.signature(_get(name)).parameters.values()
-    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NEEDS[name]}
+    return {p.name: p.default for p in params
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NEEDS[name]}
 
 
 def check_policy_loss(name: str, **options: Any) -> None:

@@ -55,6 +55,6 @@ from flowrl.methods.tp_grpo import TPGRPO
 from flowrl.methods.tree_method import TreeMethod
 from flowrl.methods.tree_rpo import TreeRPO
 
-__all__ = ["AWM", "BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FlowGRPO", "ForwardProcess", "PolicyGradient",
-           "TDMR1", "TPGRPO",
+__all__ = ["AWM", "BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FlowGRPO", "ForwardProcess",
+           "PolicyGradient", "TDMR1", "TPGRPO",
            "TempFlowGRPO", "TreeMethod", "TreeRPO"]

@@ -56,7 +56,8 @@ def awm_authors_loss(model_output, model_output_old, model_output_ref, clean, no
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - config["clip_range"], 1.0 + config["clip_range"])
     policy_loss = torch.mean(torch.maximum(unclipped, clipped))
-    out, ref = model_output.reshape(K, B, *model_output.shape[1:]), model_output_ref.reshape(K, B, *model_output.shape[1:])
+    shape = (K, B, *model_output.shape[1:])
+    out, ref = model_output.reshape(shape), model_output_ref.reshape(shape)
     kl = ((out - ref) ** 2).mean(dim=(2, 3, 4), keepdim=True).mean(dim=0).mean()
     return policy_loss + config["beta"] * kl
 

@@ -29,7 +29,8 @@ def pair_inputs(method):
         for p in adapter_params(policy, "default"):
             p.add_(0.1 * torch.randn_like(p))  # the policy moved away from the reference and velocity_ema
     x0 = torch.randn(2, *policy.latent_shape())
-    t, a, seeds, levels = torch.tensor([0.8, 0.3]), torch.tensor([0.9, -0.2]), torch.tensor([5, 6]), torch.tensor([1, 4])
+    t, a = torch.tensor([0.8, 0.3]), torch.tensor([0.9, -0.2])
+    seeds, levels = torch.tensor([5, 6]), torch.tensor([1, 4])
     return x0, t, a, policy.encode(["red 1 and blue 2", "green 3 and red 4"]), seeds, levels
 
 
