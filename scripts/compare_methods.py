@@ -32,8 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"Flow-GRPO": "tiny_flow_grpo", "DenseGRPO": "tiny_dense_grpo", "TP-GRPO": "tiny_tp_grpo",
            "TempFlow-GRPO": "tiny_tempflow_grpo", "Dynamic-TreeRPO": "tiny_tree_rpo", "BranchGRPO": "tiny_branch_grpo",
-           "TDM-R1": "tiny_tdm_r1", "DiffusionNFT": "tiny_diffusion_nft"}
-#: the six policy-gradient methods, compared by default (TDM-R1 and DiffusionNFT on request: --methods)
+           "TDM-R1": "tiny_tdm_r1", "DiffusionNFT": "tiny_diffusion_nft", "Flow-DPPO": "tiny_dppo",
+           "GRPO-Guard": "tiny_grpo_guard", "AWM": "tiny_awm"}
+#: the six policy-gradient methods, compared by default (the others on request: --methods, e.g. the 2026 objectives
+#: ``--methods Flow-GRPO Flow-DPPO GRPO-Guard AWM DiffusionNFT``)
 POLICY_GRADIENT = list(METHODS)[:6]
 
 

@@ -235,6 +235,13 @@ def blocks() -> dict[str, str]:
     }
 
 
+#: The 2026 objectives' rows for a ``methods-2026`` block (``method_table`` of ``mc(label, stem)``, beside Flow-GRPO
+#: and DiffusionNFT), once ``scripts/compare_methods.py --methods Flow-GRPO Flow-DPPO GRPO-Guard AWM DiffusionNFT``
+#: has kept their CSVs as docs/data/method_comparison/<stem>_seed<k>.csv (none are kept yet: no block reads them).
+METHODS_2026 = [("Flow-DPPO, loss dppo", "dppo"), ("GRPO-Guard, loss grpo_guard", "grpo_guard"),
+                ("AWM", "awm")]
+
+
 BLOCK = re.compile(r"<!-- results:(\S+) -->\n\n(.*?)\n\n<!-- /results:\1 -->", re.S)
 UNKEPT = re.compile(r"<!-- unkept -->.*?<!-- /unkept -->", re.S)
 PAIR = r"[+-]?\d+\.\d{3} \+- \d+\.\d{3}"  # a mean and its spread are quoted together or not at all

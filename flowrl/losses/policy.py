@@ -7,7 +7,10 @@ Notation:
 
 Every loss is ``fn(log_prob, old_log_prob, advantages, mask, **options) -> (loss [B, T], metrics)``: the loss is 0
 where ``mask`` is 0 and no gradient reaches a masked position even if it holds ``inf`` or ``nan`` (padding), and
-``metrics`` are detached scalars, each a mean (or min / max) over valid positions. Reduce the loss with
+``metrics`` are detached scalars, each a mean (or min / max) over valid positions. A loss that needs more than
+log-probs per position (a Gaussian step's mean shift and std: Flow-DPPO, GRPO-Guard) declares those names when it
+registers (``needs``, from :data:`STEP_INPUTS`) and takes them as keyword tensors ``[B, T]`` beside its options;
+:func:`policy_loss_needs` tells the caller which to hand over. Reduce the loss with
 :func:`flowrl.losses.aggregate`. Formulas follow verl ``verl/trainer/ppo/core_algos.py``
 (``compute_policy_loss_<name>``); a deviation says so where it happens.
 
@@ -26,6 +29,11 @@ from torch import Tensor
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 _LOSSES: dict[str, PolicyLoss] = {}
 _SEQUENCE_LEVEL: set[str] = set()
+_NEEDS: dict[str, tuple[str, ...]] = {}
+#: per-position inputs a loss may declare, and the value a masked position holds (finite, safe to divide by):
+#: ``mean_sq_diff`` = mean over latent dims of ``(mu_theta - mu_old)^2`` (with the gradient of ``mu_theta``), ``std``
+#: the step's Gaussian std, ``dt`` = ``sigma_k - sigma_{k+1} > 0``.
+STEP_INPUTS: dict[str, float] = {"mean_sq_diff": 0.0, "std": 1.0, "dt": 1.0}
 #: option -> (accepts(value), what is accepted), checked before any tensor (or weight) is touched.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "clip_low": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
@@ -38,6 +46,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
                     "null or [low, high] with 0 <= low <= high"),
     "clip_bounds_scale": (lambda v: v is None or (len(v) == 2 and 0 <= v[0] <= v[1]),
                           "null or [low, high] multiples of the clip range with 0 <= low <= high"),
+    "kl_threshold": (lambda v: v >= 0, "a number >= 0 (UniRL's kl_mask_threshold is 1e-5)"),
+    "bias_over": (lambda v: v in ("pair", "step"), "'pair' (the ports) or 'step' (the authors' micro-batch mean)"),
 }
 #: name@method -> (loss, options): a method's published (or read) clip settings by name; a method names its preset as
 #: the default of its ``loss`` option, and a config's ``loss_options`` override single options.
@@ -48,9 +58,13 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 _MAX_LOG_RATIO = 20.0  # as verl: keeps exp finite on stale samples
 
 
-def register_policy_loss(name: str, sequence_level: bool = False) -> Callable[[PolicyLoss], PolicyLoss]:
+def register_policy_loss(name: str, sequence_level: bool = False,
+                         needs: tuple[str, ...] = ()) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator adding a loss under ``name``; ``sequence_level`` losses need every valid position of a row at
-    once (their ratio is a function of the whole row)."""
+    once (their ratio is a function of the whole row); ``needs`` names the :data:`STEP_INPUTS` it takes."""
+    if set(needs) - set(STEP_INPUTS):
+        raise ValueError(f"policy loss {name!r} needs {sorted(set(needs) - set(STEP_INPUTS))}; known step inputs: "
+                         f"{sorted(STEP_INPUTS)}")
 
     def wrap(fn: PolicyLoss) -> PolicyLoss:
         if name in _LOSSES:
@@ -58,6 +72,7 @@ def register_policy_loss(name: str, sequence_level: bool = False) -> Callable[[P
         _LOSSES[name] = fn
         if sequence_level:
             _SEQUENCE_LEVEL.add(name)
+        _NEEDS[name] = tuple(needs)
         return fn
 
     return wrap
@@ -92,6 +107,17 @@ def is_sequence_level(name: str) -> bool:
     return name in _SEQUENCE_LEVEL
 
 
+def policy_loss_needs(name: str) -> tuple[str, ...]:
+    """The per-position :data:`STEP_INPUTS` the loss ``name`` (or preset) takes beside the log-probs.
+
+    >>> policy_loss_needs("vanilla"), policy_loss_needs("dppo")
+    ((), ('mean_sq_diff', 'std'))
+    """
+    base = PRESETS[name][0] if name in PRESETS else name
+    _get(base)  # unknown names fail with the list of known ones
+    return _NEEDS[base]
+
+
 def policy_loss_options(name: str) -> dict[str, Any]:
     """The options a loss accepts, with their defaults.
 
@@ -99,7 +125,8 @@ def policy_loss_options(name: str) -> dict[str, Any]:
     {'tau_pos': 1.0, 'tau_neg': 1.05}
     """
     params = inspect.signature(_get(name)).parameters.values()
-    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return {p.name: p.default for p in params
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NEEDS[name]}
 
 
 def check_policy_loss(name: str, **options: Any) -> None:
@@ -127,7 +154,7 @@ def check_policy_loss(name: str, **options: Any) -> None:
 
 
 def policy_loss(name: str, log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor,
-                **options: Any) -> tuple[Tensor, dict[str, Tensor]]:
+                step_inputs: Optional[dict[str, Tensor]] = None, **options: Any) -> tuple[Tensor, dict[str, Tensor]]:
     """The registered loss ``name`` per position, and its metrics.
 
     Args:
@@ -136,6 +163,7 @@ def policy_loss(name: str, log_prob: Tensor, old_log_prob: Tensor, advantages: T
         old_log_prob: ``[B, T]`` under the policy that sampled (no gradient is taken through it).
         advantages: ``[B, T]`` (or ``[B, 1]``, broadcast over positions).
         mask: ``[B, T]`` bool (or 0/1).
+        step_inputs: ``{name: [B, T]}``, the :func:`policy_loss_needs` of the loss (others are ignored).
         options: the loss's options (:func:`policy_loss_options`), e.g. ``clip_high`` for DAPO clip-higher.
     Returns:
         loss ``[B, T]`` (0 on masked positions) and metrics ``clip_frac`` (= ``clip_frac_high + clip_frac_low``),
@@ -143,7 +171,7 @@ def policy_loss(name: str, log_prob: Tensor, old_log_prob: Tensor, advantages: T
         ``dual_clip_frac``, ``approx_kl`` (mean ``(log r)^2 / 2``, as flow_grpo), ``ppo_kl`` (mean ``-log r``, verl's
         ``actor/ppo_kl``), ``ratio_mean``, ``ratio_min``, ``ratio_max``.
     Raises:
-        ValueError: an unknown loss or option, a bad option value, or shapes that do not match.
+        ValueError: an unknown loss or option, a bad option value, shapes that do not match, or a missing step input.
 
     >>> loss, m = policy_loss("vanilla", torch.tensor([[0.5, 0.0]]), torch.zeros(1, 2), torch.ones(1, 2),
     ...                       torch.tensor([[True, False]]))
@@ -161,7 +189,13 @@ def policy_loss(name: str, log_prob: Tensor, old_log_prob: Tensor, advantages: T
     # where(), not a product: padding may hold -inf log-probs, and nan * 0 is nan in value and gradient
     log_prob, old_log_prob = torch.where(mask, log_prob, zero), torch.where(mask, old_log_prob, zero)
     advantages = torch.where(mask, advantages.to(log_prob.dtype).expand_as(log_prob), zero)
-    loss, metrics = _get(name)(log_prob, old_log_prob, advantages, mask, **options)
+    needs, given = _NEEDS[name], step_inputs or {}
+    if set(needs) - set(given):
+        raise ValueError(f"policy loss {name!r} needs the step inputs {sorted(set(needs) - set(given))} "
+                         f"(:func:`policy_loss_needs`); got {sorted(given)}")
+    # masked positions hold a safe value (a std of 1, not 0 or nan): where(), so nothing reaches their gradient
+    extra = {key: torch.where(mask, given[key].to(log_prob.dtype), STEP_INPUTS[key]) for key in needs}
+    loss, metrics = _get(name)(log_prob, old_log_prob, advantages, mask, **extra, **options)
     return torch.where(mask, loss, zero), metrics
 
 

@@ -6,7 +6,8 @@ The layers, from the bottom, each the parent of the next (only ``BaseModule``'s 
     BaseModule -> PolicyGradient -> FlowGRPO (DDPO: FlowGRPO with the ddim step) -> DenseGRPO
                                  -> TPGRPO
                                  -> TreeMethod -> TempFlowGRPO, TreeRPO, BranchGRPO
-               -> TDMR1, DiffusionNFT (their own update on named adapters)
+               -> TDMR1 (its own update on named adapters)
+               -> ForwardProcess -> DiffusionNFT, AWM (the forward-process update on named adapters)
 
 - :class:`~flowrl.methods.generation.Generation`: conditioning, the guided velocity (every model call, counted),
   deterministic samples from seeds, validation, evaluation and prediction reduced over ranks.
@@ -40,11 +41,13 @@ Data flow of one training step (``BaseModule.training_step``):
       --update: this rank's rows--> metrics --log--> train/*, rollout/*
 """
 
+from flowrl.methods.awm import AWM
 from flowrl.methods.base import BaseModule
 from flowrl.methods.branch_grpo import BranchGRPO
 from flowrl.methods.dense_grpo import DenseGRPO
 from flowrl.methods.diffusion_nft import DiffusionNFT
 from flowrl.methods.flow_grpo import FlowGRPO
+from flowrl.methods.forward_process import ForwardProcess
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.methods.tdm_r1 import TDMR1
 from flowrl.methods.tempflow_grpo import TempFlowGRPO
@@ -52,5 +55,6 @@ from flowrl.methods.tp_grpo import TPGRPO
 from flowrl.methods.tree_method import TreeMethod
 from flowrl.methods.tree_rpo import TreeRPO
 
-__all__ = ["BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FlowGRPO", "PolicyGradient", "TDMR1", "TPGRPO",
+__all__ = ["AWM", "BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FlowGRPO", "ForwardProcess",
+           "PolicyGradient", "TDMR1", "TPGRPO",
            "TempFlowGRPO", "TreeMethod", "TreeRPO"]

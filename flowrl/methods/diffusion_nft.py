@@ -20,42 +20,22 @@ velocities are conditional even when sampling uses CFG (the code concatenates un
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-from flowrl.losses.nft import ADVANTAGE_MODES, nft_loss, old_decay, optimality_probability
-from flowrl.methods.base import BaseModule
-from flowrl.methods.batch import Batch
-from flowrl.methods.option_surface import at_least, named_adapter_problems
-from flowrl.policies.base import Conditioning, FlowPolicy
-from flowrl.sampling.rollout import Rollout
-from flowrl.sampling.sampler import branch_seed, fraction_problems, fraction_steps, seeded_noise
-from flowrl.sampling.steps import PREDICTIONS, STEPS
-from flowrl.training.adapter_steps import adapter_step, backward, follow
+from flowrl.losses.nft import ADVANTAGE_MODES, nft_loss, optimality_probability
+from flowrl.methods.forward_process import ForwardProcess, OldDecay
+from flowrl.methods.option_surface import at_least
+from flowrl.policies.base import FlowPolicy
+
+__all__ = ["DiffusionNFT", "OldDecay"]
 
 
-@dataclass
-class OldDecay:
-    """The sampling policy's soft-update decay after ``n`` optimizer steps: 0 before ``delay``, then
-    ``min((n - delay) rate, limit)``. The code's ``decay_type`` 1 (default): ``(0, 0.001, 0.5)``; 2 (OCR):
-    ``(75, 0.0075, 0.999)``; 0: ``(0, 0, 0)``, the old policy is the current one.
-
-    Args:
-        delay: optimizer steps during which the old policy is the current one (decay 0).
-        rate: the decay's growth per optimizer step after ``delay``.
-        limit: the decay's ceiling, in [0, 1).
-    """
-
-    delay: int = 0
-    rate: float = 0.001
-    limit: float = 0.5
-
-
-class DiffusionNFT(BaseModule):
-    """DiffusionNFT. Options beyond the base's (``guidance_scale`` is the sampler's CFG, 1 by default):
+class DiffusionNFT(ForwardProcess):
+    """DiffusionNFT. Options beyond the forward-process update's (:class:`~flowrl.methods.forward_process.
+    ForwardProcess`; ``guidance_scale`` is the sampler's CFG, 1 by default):
 
     Args:
         guidance_scale: the sampler's classifier-free guidance (1: CFG-free, the code's default).
@@ -73,104 +53,35 @@ class DiffusionNFT(BaseModule):
         old_decay: the soft update of the sampling policy ``old`` after each batch.
     """
 
-    named_adapters = ("old",)  # the sampling policy, beside the trained ``default``
-
     def __init__(self, policy: FlowPolicy, guidance_scale: float = 1.0, step_kind: Optional[str] = None,
                  noise_level: float = 0.7, nft_beta: float = 1.0, beta: float = 1e-4, advantage_clip: float = 5.0,
                  advantage_mode: str = "all", timestep_fraction: float = 0.99, num_minibatches: int = 1,
                  micro_batch_size: Optional[int] = None, old_decay: OldDecay = OldDecay(), **kwargs: Any):
-        super().__init__(policy, guidance_scale=guidance_scale, **kwargs)
-        self.step_kind = step_kind or self.step_kind  # the base's: the policy's ODE
-        self.noise_level, self.nft_beta, self.beta = noise_level, nft_beta, beta
-        self.advantage_clip, self.advantage_mode, self.timestep_fraction = (advantage_clip, advantage_mode,
-                                                                            timestep_fraction)
-        self.num_minibatches, self.micro_batch_size, self.old_decay = num_minibatches, micro_batch_size, old_decay
-
-    def setup_weights(self) -> None:
-        super().setup_weights()
-        self.policy.add_adapter(self.named_adapters[0], self.policy.lora, trainable=False)
-        follow(self.policy, "old", "default", 0.0)  # a copy
+        super().__init__(policy, guidance_scale=guidance_scale, step_kind=step_kind, noise_level=noise_level,
+                         beta=beta, advantage_clip=advantage_clip, timestep_fraction=timestep_fraction,
+                         num_minibatches=num_minibatches, micro_batch_size=micro_batch_size, old_decay=old_decay,
+                         **kwargs)
+        self.nft_beta, self.advantage_mode = nft_beta, advantage_mode
 
     @classmethod
     def check_options(cls, o) -> list[str]:
-        problems = named_adapter_problems(o.policy, "DiffusionNFT")
-        velocity_kinds = sorted(k for k, p in PREDICTIONS.items() if p == "velocity" and k in STEPS)
-        if o.step_kind is not None and o.step_kind not in velocity_kinds:
-            problems.append(f"model.step_kind={o.step_kind!r}: choose a sampler step from {velocity_kinds} (null: the "
-                            "ODE)")
-        problems += at_least(o, 0, ("nft_beta", "advantage_clip", "noise_level"), strict=True)
-        problems += at_least(o, 0, ("beta",)) + at_least(o, 1, ("num_minibatches",))
-        problems += at_least(o, 1, ("micro_batch_size",), hint=" (or null: a minibatch's pairs at once)")
+        problems = at_least(o, 0, ("nft_beta",), strict=True)
         if o.advantage_mode not in ADVANTAGE_MODES:
             problems.append(f"model.advantage_mode={o.advantage_mode!r}: choose one of {list(ADVANTAGE_MODES)}")
-        problems += fraction_problems(o.timestep_fraction)
-        decay = o.old_decay.get("init_args", o.old_decay) if isinstance(o.old_decay, dict) else vars(o.old_decay)
-        if not (decay.get("delay", 0) >= 0 and decay.get("rate", 0) >= 0 and 0 <= decay.get("limit", 0) < 1):
-            problems.append(f"model.old_decay={decay}: need delay >= 0, rate >= 0 and 0 <= limit < 1 (the code's "
-                            "type 1: {delay: 0, rate: 0.001, limit: 0.5})")
         return problems
 
-    def noise_levels(self) -> Tensor:
-        """Per-step noise scale ``[T]`` of an SDE sampler (unused by the ODE)."""
-        return torch.full((self.num_steps,), float(self.noise_level))
-
-    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
-        """The sampling policy ``old`` samples (the loop's rollout under the adapter ``old``)."""
-        with self.policy.adapter("old"):
-            return super().rollout(batch, cond)
-
-    def update(self, rollout: Rollout, cond: Conditioning, batch: Batch) -> dict[str, float]:
-        """``num_minibatches`` optimizer steps over the samples of every rank, each sample at its drawn noise levels,
-        then the soft update of ``old``."""
-        all_advantages = batch.advantages[:, -1]  # [B_all] the outcome's, every rank
-        valid, rows = batch.mine(batch.valid), batch.rows
-        r = optimality_probability(all_advantages[rows], self.advantage_clip, self.advantage_mode)
-        r = torch.where(valid, r, torch.full_like(r, 0.5))  # no reward: no preference either way
-        levels = rollout.sigmas[0, :-1]  # [T] the schedule's noise levels (the code: the sampler's timesteps / 1000)
-        per_row = max(1, fraction_steps(len(levels), self.timestep_fraction))  # at least one level per sample
-        steps, world = self.training_steps(), self.trainer.world_size
-        gen = torch.Generator().manual_seed(branch_seed(self.seed, [self.global_step]))
-        order = torch.randperm(len(all_advantages), generator=gen)  # global rows, shuffled (as the code)
-        losses, norms = [], []
-        for part in order.chunk(self.num_minibatches):
-            mine = part[(part >= rows.start) & (part < rows.stop)] - rows.start
-            pair_rows = mine.repeat_interleave(per_row)
-            ids = torch.cat([self._levels(rollout.seeds[i], len(levels))[:per_row] for i in mine.tolist()]
-                            or [mine])  # [P] which noise level each pair trains at
-            total = len(part) * per_row  # the minibatch's pairs on every rank
-            finite = True
-            for chunk in torch.arange(len(pair_rows)).split(self.micro_batch_size or max(len(pair_rows), 1)):
-                b, k = pair_rows[chunk], ids[chunk]
-                loss = self.pair_loss(rollout.latents[b, -1], levels[k], r[b], cond.select(b), rollout.seeds[b], k)
-                loss = loss * valid[b]  # a sample without a finite reward does not train
-                backward(steps, loss.sum() * world / total)  # averaged over ranks: the minibatch's mean
-                finite &= bool(torch.isfinite(loss).all())
-                losses.append(loss.detach())
-            norms.append(adapter_step(steps, self.optimizers(), self.policy.trainable_parameters("default"), finite))
-        follow(self.policy, "old", "default", old_decay(self.global_step, self.old_decay.delay, self.old_decay.rate,
-                                                        self.old_decay.limit))
-        taken = [n for n in norms if n is not None]
-        return {"loss": float(torch.cat(losses).mean()) if losses else float("nan"), "r_mean": float(r.mean()),
-                "grad_norm": sum(taken) / len(taken) if taken else float("nan")}
-
-    def _levels(self, seed: Tensor, count: int) -> Tensor:
-        """A sample's order of the schedule's noise levels this step (the code: ``torch.randperm`` per sample)."""
-        return torch.randperm(count, generator=torch.Generator().manual_seed(
-            branch_seed(int(seed), [self.seed, self.global_step])))
+    def sample_targets(self, advantages: Tensor, valid: Tensor) -> Tensor:
+        """The optimality probabilities ``r`` (0.5 where no reward: no preference either way)."""
+        r = optimality_probability(advantages, self.advantage_clip, self.advantage_mode)
+        return torch.where(valid, r, torch.full_like(r, 0.5))
 
     def pair_loss(self, x0: Tensor, t: Tensor, r: Tensor, cond, seeds: Tensor, level_ids: Tensor) -> Tensor:
         """The loss ``[P]`` of (sample, noise level) pairs: the NFT loss plus ``beta`` times the reference term."""
-        noise = seeded_noise(torch.tensor([branch_seed(int(s), [self.seed, self.global_step, 1, int(k)])
-                                           for s, k in zip(seeds.tolist(), level_ids.tolist())]),
-                             self.policy.latent_shape(), 1, self.device)[:, 0]
-        tt = t.view(-1, *[1] * (x0.dim() - 1))
-        x_t = (1 - tt) * x0 + tt * noise
+        x_t, _ = self.noised(x0, t, seeds, level_ids)
         with torch.no_grad(), self.policy.adapter("old"):
             v_old = self.velocity(x_t, t, cond, 1.0)
         v = self.velocity(x_t, t, cond, 1.0)
         loss = nft_loss(v, v_old, x_t, x0, t, r, self.nft_beta, self.advantage_clip)
         if self.beta > 0:
-            with torch.no_grad(), self.policy.reference():
-                v_ref = self.velocity(x_t, t, cond, 1.0)
-            loss = loss + self.beta * (v - v_ref).square().flatten(1).mean(1)
+            loss = loss + self.reference_term(v, x_t, t, cond)
         return loss

@@ -35,7 +35,9 @@ class PolicyGradient(BaseModule):
         step_kind: the SDE step (``flow_grpo``, ``cps``, ``dance``; ``ddim`` for SD1.5).
         noise_level: the SDE's noise scale ``a``.
         clip_range: PPO ratio clip ``epsilon`` (the loss's ``clip_low``).
-        loss: policy loss or preset of ``flowrl.losses`` (``vanilla``, ``gspo``, ``gpg``, ``cispo``, ``sapo``).
+        loss: policy loss or preset of ``flowrl.losses`` (``vanilla``, ``gspo``, ``gpg``, ``cispo``, ``sapo``;
+            ``dppo``: Flow-DPPO's trust-region mask, ``grpo_guard``: GRPO-Guard's RatioNorm, both reading the
+            old means from a replay before the update).
         loss_options: the loss's options, e.g. ``{clip_high: 2.0e-4, dual_clip: 3.0}``. A sequence-level loss
             (``gspo``) trains every trained step of a sample in one micro-batch.
         beta: KL coefficient to the reference policy (0 disables), in ``kl_convention``'s units.

@@ -6,7 +6,10 @@ TrainingSteps`; nothing of a LightningModule. Per epoch the pairs gathered over 
 ``num_minibatches`` minibatches (:mod:`flowrl.training.micro_batches`), each rank computes its own rows' share in
 micro-batches with the gradient sync only on the last one, and every rank takes one optimizer step per minibatch.
 Before the first epoch it can recompute the old log-probs (``recompute_log_probs``) and check that the ratio is 1
-(``check_ratio``). The KL to the reference policy is the exact Gaussian KL between the two transitions' means.
+(``check_ratio``). The KL to the reference policy is the exact Gaussian KL between the two transitions' means. A loss
+that reads the step's mean shift (``dppo``, ``grpo_guard``: :func:`~flowrl.losses.policy_loss_needs`) gets the old
+means from that same replay before the first epoch (one no-gradient forward per trained pair, shared with
+``recompute_log_probs``), and per pair ``mean_sq_diff``, ``std`` and ``dt`` from the current transition.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ class UpdateBatch:
     ``log_probs`` the old ones), ``advantages`` and ``weights`` ``[B, T]`` (this rank's), ``global_mask [B_all, T]``
     the trained pairs of every rank in rank order with ``rows`` this rank's rows of it, ``supervised [B, T]`` the
     weights of a likelihood term ``-w log p(pair)`` beside the policy loss (LayerTuning-RL; None: none), and
-    ``kl_scale [B, T]`` the factor of each pair's exact KL in the convention ``beta`` is stated in (None: 1)."""
+    ``kl_scale [B, T]`` the factor of each pair's exact KL in the convention ``beta`` is stated in (None: 1), and
+    ``old_means [B, T, ...]`` the transitions' means before the update (set by :meth:`PPOUpdate.run` for a loss that
+    needs them)."""
 
     rollout: Rollout
     advantages: Tensor
@@ -46,6 +51,7 @@ class UpdateBatch:
     rows: slice
     supervised: Optional[Tensor] = None
     kl_scale: Optional[Tensor] = None
+    old_means: Optional[Tensor] = None
 
 
 @dataclass
@@ -99,13 +105,14 @@ class PPOUpdate:
         checked = {}
         # a pair this rank can compute, for the weight-0 micro-batches that keep forward counts equal under FSDP
         filler = pairs[:1] if len(pairs) else global_pairs[:1] * torch.tensor([0, 1], device=global_pairs.device)
+        means = "mean_sq_diff" in losses.policy_loss_needs(self.loss)
         first_epoch = [mb.micro + [filler] * mb.padding
                        for mb in self.minibatches(global_pairs, torch.Generator().manual_seed(seed), own, steps)
-                       ] if self.recompute_log_probs or check_ratio else []
-        if self.recompute_log_probs:
-            rollout = dataclasses.replace(batch.rollout, log_probs=self.recomputed_log_probs(
-                batch.rollout, transition, first_epoch, filler))
-            batch = dataclasses.replace(batch, rollout=rollout)
+                       ] if self.recompute_log_probs or check_ratio or means else []
+        if self.recompute_log_probs or means:
+            log_probs, old_means = self.replay(batch.rollout, transition, first_epoch, filler, means)
+            rollout = dataclasses.replace(batch.rollout, log_probs=log_probs) if self.recompute_log_probs else None
+            batch = dataclasses.replace(batch, rollout=rollout or batch.rollout, old_means=old_means)
         if check_ratio:
             checked["check_ratio_max_dev"] = self.on_policy_ratio_deviation(batch, transition, reference,
                                                                             first_epoch, filler)
@@ -159,9 +166,11 @@ class PPOUpdate:
         samples, row = b.unique(return_inverse=True)
         shape = (len(samples), batch.rollout.num_steps)
         as_rows = lambda x: x.new_zeros(shape).index_put((row, k), x)  # noqa: E731  [P] -> [R, T]
+        inputs = {name: as_rows(value) for name, value in self.step_inputs(batch, out, b, k).items()}
         loss, stats = losses.policy_loss(self.loss, as_rows(out.log_prob), as_rows(batch.rollout.log_probs[b, k]),
                                          as_rows(batch.advantages[b, k]),
-                                         as_rows(torch.ones_like(b, dtype=torch.bool)), **self.loss_options)
+                                         as_rows(torch.ones_like(b, dtype=torch.bool)), step_inputs=inputs,
+                                         **self.loss_options)
         w = batch.weights[b, k]  # [P]
         per_pair = loss[row, k]  # [P]
         metrics = {key: value.item() for key, value in stats.items()}
@@ -179,6 +188,20 @@ class PPOUpdate:
             metrics["supervised_loss"] = term.mean().item()
         metrics["loss"] = (per_pair * w).mean().item()
         return (per_pair * w).mean(), metrics
+
+    def step_inputs(self, batch: UpdateBatch, out: Any, b: Tensor, k: Tensor) -> dict[str, Tensor]:
+        """The loss's :data:`~flowrl.losses.STEP_INPUTS` ``[P]`` of pairs ``(b, k)`` from their current transition
+        ``out``: the mean shift from ``batch.old_means`` (with the gradient of the current mean), the step's std (the
+        steps' noise is isotropic), ``dt = sigma_k - sigma_{k+1}``."""
+        needs = losses.policy_loss_needs(self.loss)
+        inputs = {}
+        if "mean_sq_diff" in needs:
+            inputs["mean_sq_diff"] = (out.mean.float() - batch.old_means[b, k]).square().flatten(1).mean(1)
+        if "std" in needs:
+            inputs["std"] = out.std.float().reshape(len(b), -1)[:, 0]
+        if "dt" in needs:
+            inputs["dt"] = batch.rollout.sigmas[b, k] - batch.rollout.sigmas[b, k + 1]
+        return inputs
 
     @torch.no_grad()
     def on_policy_ratio_deviation(self, batch: UpdateBatch, transition: Transition, reference: Optional[Transition],
@@ -201,16 +224,26 @@ class PPOUpdate:
                            "will fire off-policy. Try autocast null / float32, or a larger clip_range.")
         return deviation
 
-    @torch.no_grad()
     def recomputed_log_probs(self, rollout: Rollout, transition: Transition, epoch: list[list[Tensor]],
                              filler: Optional[Tensor] = None) -> Tensor:
         """The rollout's log-probs with every trained pair's replaced by its value under the current weights,
         computed in the micro-batches ``epoch`` (the update's first epoch, so each pair in its batch composition;
         chunks that are ``filler`` only pad the forward count and are left out)."""
-        log_probs = rollout.log_probs.clone()
+        return self.replay(rollout, transition, epoch, filler)[0]
+
+    @torch.no_grad()
+    def replay(self, rollout: Rollout, transition: Transition, epoch: list[list[Tensor]],
+               filler: Optional[Tensor] = None, means: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+        """:meth:`recomputed_log_probs`, and (``means``) the trained pairs' transition means ``[B, T, ...]`` float32
+        under the current weights (0 elsewhere), from the same forwards."""
+        log_probs, old_means = rollout.log_probs.clone(), None
         for micro in epoch:
             for chunk in micro:
-                log_prob = transition(chunk).log_prob
+                out = transition(chunk)
+                if means:  # the filler's too: a rank that trains no pair of its own still computes its loss
+                    if old_means is None:
+                        old_means = out.mean.new_zeros(*log_probs.shape, *out.mean.shape[1:], dtype=torch.float32)
+                    old_means[chunk[:, 0], chunk[:, 1]] = out.mean.float()
                 if chunk is not filler:
-                    log_probs[chunk[:, 0], chunk[:, 1]] = log_prob
-        return log_probs
+                    log_probs[chunk[:, 0], chunk[:, 1]] = out.log_prob
+        return log_probs, old_means

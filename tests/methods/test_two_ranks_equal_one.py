@@ -126,6 +126,23 @@ def diffusion_nft(tiny_model_dir):
             plain)
 
 
+def mean_shift_loss(config: str, *options: str):
+    """Flow-DPPO or GRPO-Guard: two minibatches of unevenly held pairs, so the second is off-policy and the old means
+    each rank replayed for its own rows enter the loss (DPPO's threshold 0: every outward pair is dropped)."""
+    def make(tiny_model_dir):
+        common = ["--trainer.max_steps=2", "--model.init_args.num_minibatches=2",
+                  "--model.init_args.micro_batch_size=3", *options, *NO_CLIP]
+        return lambda out, *extra: shrunk(config, out, *common, *extra, model_dir=tiny_model_dir), plain
+    return make
+
+
+def awm(tiny_model_dir):
+    # as DiffusionNFT, with the old adapter's forward taken (two minibatches) and velocity_ema following
+    common = ["--trainer.max_steps=2", "--model.init_args.num_minibatches=2", "--model.init_args.micro_batch_size=5",
+              *NO_CLIP]
+    return lambda out, *extra: shrunk("tiny_awm.yaml", out, *common, *extra, model_dir=tiny_model_dir), plain
+
+
 def tdm_r1(tiny_model_dir):
     # the fake score and surrogate steps come before the generator's: a rank that missed an adapter's all-reduce
     # would be off by O(1)
@@ -179,6 +196,9 @@ DDP_CASES = {
     "tree_rpo": tree("flowrl.methods.TreeRPO", "--model.init_args.window_size=2", "--model.init_args.window_start=1"),
     "branch_grpo": tree("flowrl.methods.BranchGRPO", "--model.init_args.split_steps=[0, 2]"),
     "diffusion_nft": diffusion_nft,
+    "dppo": mean_shift_loss("tiny_dppo.yaml", "--model.init_args.loss_options={kl_threshold: 0.0}"),
+    "grpo_guard": mean_shift_loss("tiny_grpo_guard.yaml", "--model.init_args.clip_range=1.0e-3"),
+    "awm": awm,
     "tdm_r1": tdm_r1,
     "uneven_pairs": uneven_pairs,
     "nan_on_one_rank": nan_on_one_rank,
@@ -267,6 +287,9 @@ FSDP2_CASES = {name: sharded(make) for name, make in {
     "tree_rpo": DDP_CASES["tree_rpo"],
     "branch_grpo": DDP_CASES["branch_grpo"],
     "diffusion_nft": diffusion_nft,
+    "dppo": DDP_CASES["dppo"],
+    "grpo_guard": DDP_CASES["grpo_guard"],
+    "awm": awm,
     "tdm_r1": tdm_r1,
 }.items()}
 
