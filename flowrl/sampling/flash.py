@@ -22,24 +22,27 @@ has.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 WEIGHT_SCOPES = ("batch", "pool")
 
 
-def group_steps(group_ids: Tensor, pool: list[int], generator: torch.Generator) -> Tensor:
-    """One step per prompt group drawn uniformly from ``pool``, shared by the group's rows: ``[B]`` long.
+def group_steps(group_ids: Tensor, pool: list[int], seed: int, iteration: int) -> Tensor:
+    """One step per prompt group drawn uniformly from ``pool``, shared by the group's rows: ``[B]`` long. Each group
+    draws from ``np.random.default_rng([seed, iteration, group_id])``, so a group's step does not depend on which
+    rank holds it or on the other groups (the authors draw on rank zero and broadcast).
 
-    >>> steps = group_steps(torch.tensor([0, 0, 1, 1, 1]), [2, 3], torch.Generator().manual_seed(0))
+    >>> steps = group_steps(torch.tensor([0, 0, 1, 1, 1]), [2, 3], seed=0, iteration=0)
     >>> steps[0] == steps[1], steps[2] == steps[4], set(steps.tolist()) <= {2, 3}
     (tensor(True), tensor(True), True)
     """
     if not pool:
         raise ValueError("the step pool is empty; give at least one step")
-    groups, inverse = group_ids.unique(return_inverse=True)
-    draws = torch.randint(len(pool), (len(groups),), generator=generator)
-    return torch.tensor(pool, dtype=torch.long)[draws][inverse]
+    groups, inverse = group_ids.cpu().unique(return_inverse=True)
+    draws = [pool[int(np.random.default_rng([seed, iteration, int(g)]).integers(len(pool)))] for g in groups]
+    return torch.tensor(draws, dtype=torch.long)[inverse].to(group_ids.device)
 
 
 def one_step_mask(steps: Tensor, num_steps: int) -> Tensor:

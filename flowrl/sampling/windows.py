@@ -19,6 +19,8 @@ strategies, each a function of the iteration count alone so a resumed run (or ev
 from __future__ import annotations
 
 import numpy as np
+import torch
+from torch import Tensor
 
 WINDOW_STRATEGIES = ("progressive", "random")
 
@@ -62,3 +64,26 @@ def window_steps(start: int, size: int, end: int) -> list[int]:
     ([21, 22], [])
     """
     return list(range(start, min(start + size, end)))
+
+
+def window_mask(iteration: int, *, num_steps: int, size: int, strategy: str = "progressive", every: int = 25,
+                low: int = 0, high: int | None = None, seed: int = 0) -> Tensor:
+    """The SDE steps ``[T]`` bool at ``iteration``: a window of ``size`` steps inside ``[low, high)`` (default
+    ``high = T - 2``, MixGRPO's ``max_timesteps``), ``progressive`` (one step every ``every`` iterations from ``low``,
+    back to ``low`` after the start ``high - 1``: the authors' empty window at ``w = high`` is skipped) or ``random``
+    (a start in ``[low, high - size]``).
+
+    >>> [window_mask(i, num_steps=6, size=2, every=1).nonzero().flatten().tolist() for i in range(5)]  # high = 4
+    [[0, 1], [1, 2], [2, 3], [3], [0, 1]]
+    """
+    high = num_steps - 2 if high is None else high
+    if strategy not in WINDOW_STRATEGIES or not 0 <= low < high <= num_steps or size < 1:
+        raise ValueError(f"window_mask(strategy={strategy!r}, low={low}, high={high}, size={size}): needs a strategy "
+                         f"in {list(WINDOW_STRATEGIES)}, 0 <= low < high <= T = {num_steps} and size >= 1")
+    if strategy == "progressive":
+        start = progressive_start(iteration, start=low, every=every, last=high - 1)
+    else:
+        start = random_start(iteration, low=low, high=max(high - size, low), seed=seed)
+    mask = torch.zeros(num_steps, dtype=torch.bool)
+    mask[window_steps(start, size, high)] = True
+    return mask

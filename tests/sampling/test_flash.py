@@ -48,11 +48,12 @@ def test_flow_grpo_step_with_flash_levels_is_the_authors_step():
 def test_step_pool_draw_is_per_group_and_covers_the_pool():
     # the authors: random.choices(range(10), weights=[1] * 10) once per prompt
     groups = torch.arange(400).repeat_interleave(3)
-    steps = group_steps(groups, list(range(10)), torch.Generator().manual_seed(1))
+    steps = group_steps(groups, list(range(10)), seed=1, iteration=3)
     per_group = steps.view(400, 3)
     assert (per_group == per_group[:, :1]).all() and set(per_group[:, 0].tolist()) == set(range(10))
-    again = group_steps(groups, list(range(10)), torch.Generator().manual_seed(1))
+    again = group_steps(groups.flip(0), list(range(10)), seed=1, iteration=3).flip(0)  # order-free
     assert torch.equal(steps, again)
+    assert not torch.equal(steps, group_steps(groups, list(range(10)), seed=1, iteration=4))
     mask = one_step_mask(steps, 20)
     assert mask.sum(1).eq(1).all() and torch.equal(mask.float().argmax(1), steps)
 
@@ -74,4 +75,4 @@ def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="needs the candidate steps"):
         rectified_weights(torch.tensor([0]), torch.ones(2), "pool")
     with pytest.raises(ValueError, match="pool is empty"):
-        group_steps(torch.tensor([0]), [], torch.Generator())
+        group_steps(torch.tensor([0]), [], seed=0, iteration=0)

@@ -74,3 +74,17 @@ def test_random_start_covers_the_range_and_repeats():
 def test_bad_schedules_are_refused(call):
     with pytest.raises(ValueError, match="needs"):
         call()
+
+
+def test_window_mask_progressive_and_random():
+    from flowrl.sampling.windows import window_mask
+    # T = 25, S = 4, every 25: the published schedule, the empty window at w = 23 skipped
+    masks = [window_mask(i, num_steps=25, size=4, every=25) for i in range(0, 600, 25)]
+    assert [m.nonzero().flatten().tolist() for m in masks[:2]] == [[0, 1, 2, 3], [1, 2, 3, 4]]
+    assert masks[22].nonzero().flatten().tolist() == [22] and masks[23].nonzero().flatten().tolist() == [0, 1, 2, 3]
+    for i in range(50):
+        m = window_mask(i, num_steps=10, size=2, strategy="random", low=0, high=5, seed=42)
+        steps = m.nonzero().flatten().tolist()
+        assert len(steps) == 2 and steps[1] == steps[0] + 1 and steps[1] < 5  # verl-omni: window 2 in [0, 5)
+    with pytest.raises(ValueError, match="needs a strategy"):
+        window_mask(0, num_steps=10, size=2, strategy="decay")
