@@ -82,7 +82,7 @@ class TreeRPO(TreeMethod):
 
     def window(self) -> int:
         """The window's first step at this batch."""
-        return self.window_at(self.options, self.global_step // (self.ppo.num_inner_epochs * self.ppo.num_minibatches))
+        return self.window_at(self.options, self.batches_done())
 
     @classmethod
     def shape_of(cls, o, batch: int = 0) -> TreeShape:

@@ -1,0 +1,60 @@
+"""MixGRPO's window and Flash-GRPO's one step per group as Flow-GRPO options: the checks before loading name each
+broken rule, and a real fit trains exactly the steps the pure schedules choose (sampling/windows.py, flash.py)."""
+
+import pytest
+import torch
+
+from flowrl.cli import main
+from flowrl.methods import FlowGRPO
+from flowrl.methods.option_surface import option_problems
+from flowrl.sampling.flash import group_steps
+from flowrl.sampling.windows import window_mask
+from tests.cli.test_fit import fit_args, load_steps
+
+POLICY = {"class_path": "flowrl.policies.TinyFlowPolicy"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"sde_window": 0}, "model.sde_window=0"),
+    ({"sde_window": 2, "window_strategy": "decay"}, "model.window_strategy='decay'"),
+    ({"sde_window": 2, "window_range": [5, 3]}, "model.window_range=[5, 3)"),
+    ({"flash_pool": [0, 12]}, "model.flash_pool=[0, 12]"),
+    ({"flash_pool": [0], "sde_window": 2}, "both choose the stochastic steps"),
+    ({"rectify": "batch"}, "model.rectify='batch'"),
+    ({"flash_pool": [0], "rectify": "micro"}, "model.rectify='micro'"),
+])
+def test_bad_step_credit_options_are_named(options, message):
+    problems = option_problems(FlowGRPO, policy=POLICY, num_steps=10, **options)
+    assert any(message in p for p in problems), problems
+
+
+def test_published_settings_pass_the_checks():
+    assert option_problems(FlowGRPO, policy=POLICY, num_steps=25, sde_window=4) == []  # MixGRPO
+    assert option_problems(FlowGRPO, policy=POLICY, num_steps=20, flash_pool=list(range(10)), flash_noise=True,
+                           rectify="batch", noise_level=1.0) == []  # Flash-GRPO
+
+
+def trained_columns(step):
+    """The steps each row trains: its non-zero advantages (advantages are 0 off the train mask)."""
+    return [set(row.nonzero().flatten().tolist()) for row in step["advantages"]]
+
+
+def test_mixgrpo_window_slides_over_batches(tiny_model_dir, tmp_path):
+    # T = 3, window 1 in [0, 2): batch 0 trains step 0, batch 1 step 1, batch 2 step 0 again
+    main(fit_args(tiny_model_dir, tmp_path, "--model.init_args.sde_window=1", "--model.init_args.window_shift_every=1",
+                  "--model.init_args.window_range=[0, 2]", "--trainer.max_steps=3"))
+    steps = load_steps(tmp_path)
+    for b in range(3):
+        window = set(window_mask(b, num_steps=3, size=1, every=1, low=0, high=2).nonzero().flatten().tolist())
+        assert window == {b % 2}
+        columns = trained_columns(steps[f"step{b}_rank0"])
+        assert all(c <= window for c in columns) and any(c == window for c in columns)
+
+
+def test_flash_trains_one_step_per_group_with_rectified_weights(tiny_model_dir, tmp_path):
+    main(fit_args(tiny_model_dir, tmp_path, "--model.init_args.flash_pool=[0, 1]", "--model.init_args.flash_noise=true",
+                  "--model.init_args.rectify=batch", "--trainer.max_steps=2"))
+    for b, step in enumerate(load_steps(tmp_path).values()):
+        drawn = group_steps(step["group_ids"], [0, 1], seed=3, iteration=b)  # fit_tiny.yaml: seed 3
+        columns = trained_columns(step)
+        assert all(c <= {int(d)} for c, d in zip(columns, drawn)) and sum(map(len, columns)) > len(columns) // 2
