@@ -17,6 +17,10 @@ much each counts (the ODE runs on the other steps, and only stochastic steps are
   ``flash_noise``: its std ``noise_level * (sigma_min + (sigma_max - sigma_min) sigma)``; ``rectify``: the loss
   weight ``coe / mean coe`` over the ``batch`` (the authors) or the ``pool`` (UniRL)
   (:mod:`flowrl.sampling.flash`).
+
+GCPO / Chunk-GRPO (arXiv 2510.21583) is a loss preset, ``loss: chunk_gspo@gcpo`` (:mod:`flowrl.losses.chunks`), with
+``train_chunks``: the share of the loss's chunks trained per sample, drawn per sample (uniformly, or weighted by
+each chunk's relative-L1 latent change with ``chunk_weighting``).
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from flowrl import losses
+from flowrl.losses.chunks import CHUNK_WEIGHTINGS, draw_chunks, relative_l1_changes
 from flowrl.methods.batch import Batch
 from flowrl.methods.option_surface import at_least
 from flowrl.methods.policy_gradient import PolicyGradient
-from flowrl.policies.base import FlowPolicy
+from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.sampling.flash import WEIGHT_SCOPES, flash_noise_levels, group_steps, one_step_mask, rectification
 from flowrl.sampling.flash import rectified_weights
+from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import fraction_problems, trained_steps
 from flowrl.sampling.windows import WINDOW_STRATEGIES, window_mask
 
@@ -55,18 +62,24 @@ class FlowGRPO(PolicyGradient):
         flash_noise: Flash-GRPO's SDE std ``noise_level * (sigma_min + (sigma_max - sigma_min) sigma)``.
         rectify: Flash-GRPO's loss weight ``coe(k) / mean coe``: ``batch`` (the authors) or ``pool`` (UniRL)
             (None: 1).
+        train_chunks: GCPO: train ``int(chunks x train_chunks)`` of the ``chunk_gspo`` loss's chunks per sample
+            (None: all of them; the authors' 0.5).
+        chunk_weighting: GCPO's weighted chunk draw, ``normalized`` or ``softmax`` of the chunks' mean relative-L1
+            latent change (None: uniform).
     """
 
     def __init__(self, policy: FlowPolicy, timestep_fraction: float = 0.99, cfg_gradient: str = "cond",
                  kl_convention: str = "flow_grpo", sde_window: Optional[int] = None,
                  window_strategy: str = "progressive", window_shift_every: int = 25,
                  window_range: Optional[list[int]] = None, flash_pool: Optional[list[int]] = None,
-                 flash_noise: bool = False, rectify: Optional[str] = None, **kwargs: Any):
+                 flash_noise: bool = False, rectify: Optional[str] = None, train_chunks: Optional[float] = None,
+                 chunk_weighting: Optional[str] = None, **kwargs: Any):
         super().__init__(policy, cfg_gradient=cfg_gradient, kl_convention=kl_convention, **kwargs)
         self.timestep_fraction = timestep_fraction
         self.sde_window, self.window_strategy = sde_window, window_strategy
         self.window_shift_every, self.window_range = window_shift_every, window_range
         self.flash_pool, self.flash_noise, self.rectify = flash_pool, flash_noise, rectify
+        self.train_chunks, self.chunk_weighting = train_chunks, chunk_weighting
 
     @classmethod
     def check_options(cls, o) -> list[str]:
@@ -84,7 +97,7 @@ class FlowGRPO(PolicyGradient):
         if o.rectify is not None and (o.rectify not in WEIGHT_SCOPES or o.flash_pool is None):
             problems.append(f"model.rectify={o.rectify!r}: choose one of {list(WEIGHT_SCOPES)} with a flash_pool "
                             "(or null)")
-        return problems
+        return problems + chunk_problems(o)
 
     @classmethod
     def sde_mask(cls, o, batch: int = 0) -> Tensor:
@@ -102,6 +115,18 @@ class FlowGRPO(PolicyGradient):
             steps = group_steps(batch["group_ids"], self.flash_pool, self.seed, self.batches_done())
             return one_step_mask(steps.cpu(), self.num_steps)
         return self.sde_mask(self.options, self.batches_done())
+
+    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
+        rollout = super().rollout(batch, cond)
+        if self.train_chunks is not None:  # each sample's draw from its own seed: the same on any rank
+            chunks, T = self.ppo.loss_options["chunks"], self.num_steps
+            weights = None if self.chunk_weighting is None else relative_l1_changes(rollout.latents)
+            drawn = [draw_chunks(chunks, T, 1, self.train_chunks,
+                                 torch.Generator().manual_seed((self.seed * 1_000_003 + self.batches_done()) * 1_000_003 + s),
+                                 None if weights is None else weights[i:i + 1].cpu(), self.chunk_weighting or
+                                 "normalized") for i, s in enumerate(rollout.seeds.tolist())]
+            rollout.train_mask &= torch.cat(drawn).to(rollout.train_mask.device)
+        return rollout
 
     def noise_levels(self) -> Tensor:
         if not self.flash_noise:
@@ -121,3 +146,25 @@ class FlowGRPO(PolicyGradient):
     @classmethod
     def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
         return trained_steps(sde_mask, o.timestep_fraction, sigmas, o.step_kind)
+
+
+def chunk_problems(o) -> list[str]:
+    """GCPO's chunk draw needs the ``chunk_gspo`` loss with a chunk list, a share in (0, 1] and a known weighting."""
+    if o.train_chunks is None:
+        return [] if o.chunk_weighting is None else ["model.chunk_weighting needs model.train_chunks (or null)"]
+    problems = []
+    try:
+        base, options = losses.resolve_policy_loss(o.loss, **(o.loss_options or {}))
+    except ValueError:  # the loop's check names it
+        base, options = o.loss, {}
+    if base != "chunk_gspo" or not options.get("chunks"):
+        problems.append(f"model.train_chunks={o.train_chunks} draws the chunks of the chunk_gspo loss: set "
+                        "model.loss=chunk_gspo@gcpo (or chunk_gspo with loss_options.chunks)")
+    elif int(len(options["chunks"]) * o.train_chunks) < 1:
+        problems.append(f"model.train_chunks={o.train_chunks} trains int({len(options['chunks'])} x "
+                        f"{o.train_chunks}) = 0 chunks; raise it")
+    if not 0 < o.train_chunks <= 1:
+        problems.append(f"model.train_chunks={o.train_chunks} must be in (0, 1]")
+    if o.chunk_weighting is not None and o.chunk_weighting not in CHUNK_WEIGHTINGS:
+        problems.append(f"model.chunk_weighting={o.chunk_weighting!r}: choose one of {list(CHUNK_WEIGHTINGS)}")
+    return problems

@@ -22,6 +22,11 @@ POLICY = {"class_path": "flowrl.policies.TinyFlowPolicy"}
     ({"flash_pool": [0], "sde_window": 2}, "both choose the stochastic steps"),
     ({"rectify": "batch"}, "model.rectify='batch'"),
     ({"flash_pool": [0], "rectify": "micro"}, "model.rectify='micro'"),
+    ({"train_chunks": 0.5}, "set model.loss=chunk_gspo@gcpo"),
+    ({"train_chunks": 0.2, "loss": "chunk_gspo", "loss_options": {"chunks": [4, 5]}}, "trains int(2 x 0.2) = 0"),
+    ({"chunk_weighting": "normalized"}, "needs model.train_chunks"),
+    ({"train_chunks": 0.5, "loss": "chunk_gspo", "loss_options": {"chunks": [4, 5]}, "chunk_weighting": "max"},
+     "model.chunk_weighting='max'"),
 ])
 def test_bad_step_credit_options_are_named(options, message):
     problems = option_problems(FlowGRPO, policy=POLICY, num_steps=10, **options)
@@ -32,6 +37,8 @@ def test_published_settings_pass_the_checks():
     assert option_problems(FlowGRPO, policy=POLICY, num_steps=25, sde_window=4) == []  # MixGRPO
     assert option_problems(FlowGRPO, policy=POLICY, num_steps=20, flash_pool=list(range(10)), flash_noise=True,
                            rectify="batch", noise_level=1.0) == []  # Flash-GRPO
+    assert option_problems(FlowGRPO, policy=POLICY, num_steps=17, loss="chunk_gspo@gcpo", clip_range=5e-5,
+                           train_chunks=0.5, timestep_fraction=1.0) == []  # GCPO
 
 
 def trained_columns(step):
@@ -58,3 +65,18 @@ def test_flash_trains_one_step_per_group_with_rectified_weights(tiny_model_dir, 
         drawn = group_steps(step["group_ids"], [0, 1], seed=3, iteration=b)  # fit_tiny.yaml: seed 3
         columns = trained_columns(step)
         assert all(c <= {int(d)} for c, d in zip(columns, drawn)) and sum(map(len, columns)) > len(columns) // 2
+
+
+@pytest.mark.parametrize("weighting", [None, "normalized"])
+def test_gcpo_trains_whole_drawn_chunks(tiny_model_dir, tmp_path, weighting):
+    # T = 3, chunks [1, 2], half of them: each row trains step 0 alone or steps 1-2 together
+    extra = [] if weighting is None else [f"--model.init_args.chunk_weighting={weighting}"]
+    main(fit_args(tiny_model_dir, tmp_path, "--model.init_args.loss=chunk_gspo", "--model.init_args.train_chunks=0.5",
+                  "--model.init_args.loss_options={chunks: [1, 2]}", "--model.init_args.timestep_fraction=1.0",
+                  *extra))
+    seen = set()
+    for step in load_steps(tmp_path).values():
+        columns = trained_columns(step)
+        assert all(c <= {0} or c <= {1, 2} for c in columns)
+        seen |= {frozenset(c) for c in columns}
+    assert {frozenset({0}), frozenset({1, 2})} <= seen  # both chunks drawn over the run
