@@ -80,3 +80,29 @@ def test_gcpo_trains_whole_drawn_chunks(tiny_model_dir, tmp_path, weighting):
         assert all(c <= {0} or c <= {1, 2} for c in columns)
         seen |= {frozenset(c) for c in columns}
     assert {frozenset({0}), frozenset({1, 2})} <= seen  # both chunks drawn over the run
+
+
+def test_sde_mask_of_the_options_is_the_schedule():
+    from flowrl.methods.option_surface import bound_options
+    o = bound_options(FlowGRPO, (), {"num_steps": 10, "sde_window": 2, "window_strategy": "random",
+                                     "window_range": [0, 5], "seed": 7})[0]
+    for b in range(5):
+        expected = window_mask(b, num_steps=10, size=2, strategy="random", low=0, high=5, seed=7)
+        assert torch.equal(FlowGRPO.sde_mask(o, b), expected)
+    flash = bound_options(FlowGRPO, (), {"num_steps": 10, "flash_pool": [1, 3]})[0]
+    assert FlowGRPO.sde_mask(flash).nonzero().flatten().tolist() == [1, 3]  # what the check before loading sees
+
+
+def test_rectified_loss_weights_follow_each_rows_step():
+    from types import SimpleNamespace
+
+    from flowrl.sampling.flash import rectification
+    sigmas = torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0])
+    method = SimpleNamespace(rectify="batch", num_steps=4, flash_pool=[0, 1],
+                             policy=SimpleNamespace(sigmas=lambda n: sigmas))
+    train = torch.tensor([[True, False, False, False], [False, True, False, False], [False, True, False, False]])
+    batch = SimpleNamespace(log_probs=torch.zeros(3, 4), train_mask=train, valid=torch.tensor([True, True, False]))
+    weights = FlowGRPO.loss_weights(method, batch)
+    coe = rectification(sigmas)
+    mean = (coe[0] + coe[1]) / 2  # over the valid rows only; the third row has no valid reward
+    torch.testing.assert_close(weights[:, 0], torch.stack([coe[0] / mean, coe[1] / mean, torch.tensor(0.0)]))
