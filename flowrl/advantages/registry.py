@@ -70,6 +70,9 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     # Flow-GRPO's numerics (population std, +1e-4, clip 5) per (group, step): DenseGRPO Eq. 10, TP-GRPO's and
     # TempFlow-GRPO's per-prompt / per-seed stat trackers
     "step_grpo@flow_grpo": ("step_grpo", dict(eps=1e-4, ddof=0, std_scope="group", clip=5.0)),
+    # G2RPO bcmi/Granular-GRPO fastvideo/train_g2rpo_hps.py train_one_step: per (prompt, step) column, unbiased std,
+    # +1e-8 (their adv clip 5 applies after summing the columns: flowrl.advantages.granular)
+    "step_grpo@g2rpo": ("step_grpo", dict(eps=1e-8, ddof=1, std_scope="group", singleton="zero")),
     # Dynamic-TreeRPO (no public code; flowrl's reading): node values normalised among their depth, Flow-GRPO's numerics
     "tree@tree_rpo": ("tree", dict(among="depth", eps=1e-4, ddof=0, clip=5.0)),
     # BranchGRPO fastvideo/train_branchgrpo_flux.py compute_hierarchical_advantages_by_depth: unbiased std, +1e-8

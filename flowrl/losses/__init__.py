@@ -6,6 +6,7 @@
 """
 
 from flowrl.losses.aggregate import AGGREGATIONS, aggregate
+from flowrl.losses.chunks import chunk_gspo, draw_chunks, relative_l1_changes
 from flowrl.losses.entropy import entropy_from_logits
 from flowrl.losses.awm import advantage_rescale, awm_loss, flow_matching_log_likelihood, AWM_WEIGHTINGS
 from flowrl.losses.kl import KL_CONVENTIONS, KL_ESTIMATORS, gaussian_mean_kl, kl, kl_convention_scale
@@ -18,6 +19,7 @@ from flowrl.losses.tdm import (fake_score_loss, frozen_rows, generator_loss, gro
                                renoise, renoise_sigma, surrogate_target)
 
 __all__ = [
+    "chunk_gspo", "draw_chunks", "relative_l1_changes",
     "AGGREGATIONS", "KL_CONVENTIONS", "KL_ESTIMATORS", "aggregate", "kl_convention_scale", "available_policy_losses", "check_policy_loss", "cispo",
     "entropy_from_logits", "gaussian_mean_kl", "gpg", "gspo", "is_sequence_level", "kl", "policy_loss",
     "policy_loss_options", "register_policy_loss", "resolve_policy_loss", "sapo", "vanilla",

@@ -44,6 +44,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "clip_eta": (lambda v: v is None or v >= 0, "null (off) or a number >= 0"),
     "clip_bounds": (lambda v: v is None or (len(v) == 2 and 0 <= v[0] <= v[1]),
                     "null or [low, high] with 0 <= low <= high"),
+    "chunks": (lambda v: v is None or (len(v) > 0 and all(isinstance(c, int) and c >= 1 for c in v)),
+               "null (one chunk: gspo) or a list of chunk sizes >= 1"),
     "clip_bounds_scale": (lambda v: v is None or (len(v) == 2 and 0 <= v[0] <= v[1]),
                           "null or [low, high] multiples of the clip range with 0 <= low <= high"),
     "kl_threshold": (lambda v: v >= 0, "a number >= 0 (UniRL's kl_mask_threshold is 1e-5)"),
@@ -54,6 +56,9 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     # Dynamic-TreeRPO Eq. 11 as its reviews describe it: eps(A) = clamp(eps (1 + |A|), eps / 2, 3 eps) [reading]
     "vanilla@tree_rpo": ("vanilla", {"clip_eta": 1.0, "clip_bounds_scale": (0.5, 3.0)}),
+    # GCPO xingzhejun/GCPO scripts/finetune/finetune_*_chunk.sh: --new_chunk_list '[2, 3, 4, 7]' over 17 steps, the
+    # clip 5e-5 both sides (clip_range sets clip_low; clip_high follows it)
+    "chunk_gspo@gcpo": ("chunk_gspo", {"chunks": [2, 3, 4, 7]}),
 }
 _MAX_LOG_RATIO = 20.0  # as verl: keeps exp finite on stale samples
 

@@ -6,17 +6,41 @@ Its one hook: the trained steps are the stochastic steps among the first ``floor
 authors' ``scripts/train_sd3.py`` (``compute_log_prob``), the unconditional half of the guided velocity is detached
 (``cfg_gradient: cond``) and the KL is divided by the SDE's ``s^2`` (``kl_convention: flow_grpo``), so their
 published ``beta`` values (0.01 PickScore, 0.04 GenEval and OCR) transfer unchanged.
+
+Two step-credit methods are options of it, since they change only which steps are stochastic, how noisy, and how
+much each counts (the ODE runs on the other steps, and only stochastic steps are trained):
+
+- MixGRPO (arXiv 2507.21802): ``sde_window = S``: the SDE on a window of ``S`` steps that slides over training
+  (:func:`flowrl.sampling.windows.window_mask`: ``progressive`` every ``window_shift_every`` batches, or ``random``,
+  inside ``window_range``, default ``[0, T - 2)`` as the authors').
+- Flash-GRPO (arXiv 2605.15980): ``flash_pool``: one stochastic step per prompt group drawn from these steps;
+  ``flash_noise``: its std ``noise_level * (sigma_min + (sigma_max - sigma_min) sigma)``; ``rectify``: the loss
+  weight ``coe / mean coe`` over the ``batch`` (the authors) or the ``pool`` (UniRL)
+  (:mod:`flowrl.sampling.flash`).
+
+GCPO / Chunk-GRPO (arXiv 2510.21583) is a loss preset, ``loss: chunk_gspo@gcpo`` (:mod:`flowrl.losses.chunks`), with
+``train_chunks``: the share of the loss's chunks trained per sample, drawn per sample (uniformly, or weighted by
+each chunk's relative-L1 latent change with ``chunk_weighting``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
+import torch
 from torch import Tensor
 
+from flowrl import losses
+from flowrl.losses.chunks import CHUNK_WEIGHTINGS, draw_chunks, relative_l1_changes
+from flowrl.methods.batch import Batch
+from flowrl.methods.option_surface import at_least
 from flowrl.methods.policy_gradient import PolicyGradient
-from flowrl.policies.base import FlowPolicy
+from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.sampling.flash import WEIGHT_SCOPES, flash_noise_levels, group_steps, one_step_mask, rectification
+from flowrl.sampling.flash import rectified_weights
+from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import fraction_problems, trained_steps
+from flowrl.sampling.windows import WINDOW_STRATEGIES, window_mask
 
 
 class FlowGRPO(PolicyGradient):
@@ -28,17 +52,119 @@ class FlowGRPO(PolicyGradient):
             exact gradient of the guided velocity (DDPO's ``scripts/train.py``).
         kl_convention: ``flow_grpo``: ``beta`` in flow_grpo's units (its KL over ``2 s^2``); ``exact``: the
             Gaussian KL of the two transitions.
+        sde_window: MixGRPO: the SDE (and training) on a window of this many steps, the ODE elsewhere (None: the
+            SDE on every step).
+        window_strategy: ``progressive`` (the window moves one step every ``window_shift_every`` batches, back to
+            the start past the range) or ``random`` (a start drawn each batch from the run's seed).
+        window_shift_every: batches per window position (MixGRPO's ``iters_per_group``, 25).
+        window_range: ``[low, high)``: the steps the window may cover (None: ``[0, T - 2)``, MixGRPO's).
+        flash_pool: Flash-GRPO: the steps from which each prompt group draws its one stochastic step (None: off).
+        flash_noise: Flash-GRPO's SDE std ``noise_level * (sigma_min + (sigma_max - sigma_min) sigma)``.
+        rectify: Flash-GRPO's loss weight ``coe(k) / mean coe``: ``batch`` (the authors) or ``pool`` (UniRL)
+            (None: 1).
+        train_chunks: GCPO: train ``int(chunks x train_chunks)`` of the ``chunk_gspo`` loss's chunks per sample
+            (None: all of them; the authors' 0.5).
+        chunk_weighting: GCPO's weighted chunk draw, ``normalized`` or ``softmax`` of the chunks' mean relative-L1
+            latent change (None: uniform).
     """
 
     def __init__(self, policy: FlowPolicy, timestep_fraction: float = 0.99, cfg_gradient: str = "cond",
-                 kl_convention: str = "flow_grpo", **kwargs: Any):
+                 kl_convention: str = "flow_grpo", sde_window: Optional[int] = None,
+                 window_strategy: str = "progressive", window_shift_every: int = 25,
+                 window_range: Optional[list[int]] = None, flash_pool: Optional[list[int]] = None,
+                 flash_noise: bool = False, rectify: Optional[str] = None, train_chunks: Optional[float] = None,
+                 chunk_weighting: Optional[str] = None, **kwargs: Any):
         super().__init__(policy, cfg_gradient=cfg_gradient, kl_convention=kl_convention, **kwargs)
         self.timestep_fraction = timestep_fraction
+        self.sde_window, self.window_strategy = sde_window, window_strategy
+        self.window_shift_every, self.window_range = window_shift_every, window_range
+        self.flash_pool, self.flash_noise, self.rectify = flash_pool, flash_noise, rectify
+        self.train_chunks, self.chunk_weighting = train_chunks, chunk_weighting
 
     @classmethod
     def check_options(cls, o) -> list[str]:
-        return fraction_problems(o.timestep_fraction)
+        problems = fraction_problems(o.timestep_fraction) + at_least(o, 1, ("sde_window",), hint=" (or null)")
+        problems += at_least(o, 1, ("window_shift_every",))
+        if o.window_strategy not in WINDOW_STRATEGIES:
+            problems.append(f"model.window_strategy={o.window_strategy!r}: choose one of {list(WINDOW_STRATEGIES)}")
+        low, high = o.window_range or (0, o.num_steps - 2)
+        if o.sde_window is not None and not 0 <= low < high <= o.num_steps:
+            problems.append(f"model.window_range=[{low}, {high}) must lie in the {o.num_steps} steps with low < high")
+        if o.flash_pool is not None and not (o.flash_pool and all(0 <= k < o.num_steps for k in o.flash_pool)):
+            problems.append(f"model.flash_pool={o.flash_pool} must list steps in [0, {o.num_steps})")
+        if o.flash_pool is not None and o.sde_window is not None:
+            problems.append("model.flash_pool and model.sde_window both choose the stochastic steps: set one")
+        if o.rectify is not None and (o.rectify not in WEIGHT_SCOPES or o.flash_pool is None):
+            problems.append(f"model.rectify={o.rectify!r}: choose one of {list(WEIGHT_SCOPES)} with a flash_pool "
+                            "(or null)")
+        return problems + chunk_problems(o)
+
+    @classmethod
+    def sde_mask(cls, o, batch: int = 0) -> Tensor:
+        """The window at ``batch`` (MixGRPO), every pool step (Flash-GRPO: some group draws each), or every step."""
+        if o.sde_window is not None:
+            low, high = o.window_range or (0, o.num_steps - 2)
+            return window_mask(batch, num_steps=o.num_steps, size=o.sde_window, strategy=o.window_strategy,
+                               every=o.window_shift_every, low=low, high=high, seed=o.seed)
+        if o.flash_pool is not None:
+            return torch.isin(torch.arange(o.num_steps), torch.tensor(o.flash_pool))
+        return super().sde_mask(o)
+
+    def rollout_sde_mask(self, batch: dict) -> Tensor:
+        if self.flash_pool is not None:
+            steps = group_steps(batch["group_ids"], self.flash_pool, self.seed, self.batches_done())
+            return one_step_mask(steps.cpu(), self.num_steps)
+        return self.sde_mask(self.options, self.batches_done())
+
+    def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
+        rollout = super().rollout(batch, cond)
+        if self.train_chunks is not None:  # each sample's draw from its own seed: the same on any rank
+            chunks, T = self.ppo.loss_options["chunks"], self.num_steps
+            weights = None if self.chunk_weighting is None else relative_l1_changes(rollout.latents)
+            drawn = [draw_chunks(chunks, T, 1, self.train_chunks,
+                                 torch.Generator().manual_seed((self.seed * 1_000_003 + self.batches_done()) * 1_000_003 + s),
+                                 None if weights is None else weights[i:i + 1].cpu(), self.chunk_weighting or
+                                 "normalized") for i, s in enumerate(rollout.seeds.tolist())]
+            rollout.train_mask &= torch.cat(drawn).to(rollout.train_mask.device)
+        return rollout
+
+    def noise_levels(self) -> Tensor:
+        if not self.flash_noise:
+            return super().noise_levels()
+        return self.noise_level * flash_noise_levels(self.policy.sigmas(self.num_steps).float().cpu())
+
+    def loss_weights(self, batch: Batch) -> Tensor:
+        if self.rectify is None:
+            return super().loss_weights(batch)
+        coe = rectification(self.policy.sigmas(self.num_steps).float().cpu()).to(batch.log_probs)
+        steps = batch.train_mask.float().argmax(1)  # each row's one trained step
+        weights = rectified_weights(steps[batch.valid], coe, self.rectify, self.flash_pool)
+        out = torch.zeros_like(batch.log_probs)
+        out[batch.valid] = weights[:, None].expand(-1, out.shape[1])
+        return out
 
     @classmethod
     def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
         return trained_steps(sde_mask, o.timestep_fraction, sigmas, o.step_kind)
+
+
+def chunk_problems(o) -> list[str]:
+    """GCPO's chunk draw needs the ``chunk_gspo`` loss with a chunk list, a share in (0, 1] and a known weighting."""
+    if o.train_chunks is None:
+        return [] if o.chunk_weighting is None else ["model.chunk_weighting needs model.train_chunks (or null)"]
+    problems = []
+    try:
+        base, options = losses.resolve_policy_loss(o.loss, **(o.loss_options or {}))
+    except ValueError:  # the loop's check names it
+        base, options = o.loss, {}
+    if base != "chunk_gspo" or not options.get("chunks"):
+        problems.append(f"model.train_chunks={o.train_chunks} draws the chunks of the chunk_gspo loss: set "
+                        "model.loss=chunk_gspo@gcpo (or chunk_gspo with loss_options.chunks)")
+    elif int(len(options["chunks"]) * o.train_chunks) < 1:
+        problems.append(f"model.train_chunks={o.train_chunks} trains int({len(options['chunks'])} x "
+                        f"{o.train_chunks}) = 0 chunks; raise it")
+    if not 0 < o.train_chunks <= 1:
+        problems.append(f"model.train_chunks={o.train_chunks} must be in (0, 1]")
+    if o.chunk_weighting is not None and o.chunk_weighting not in CHUNK_WEIGHTINGS:
+        problems.append(f"model.chunk_weighting={o.chunk_weighting!r}: choose one of {list(CHUNK_WEIGHTINGS)}")
+    return problems

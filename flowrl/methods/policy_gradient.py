@@ -116,6 +116,11 @@ class PolicyGradient(BaseModule):
         """Which steps the loss trains ``[T]`` (default: every stochastic step with a non-zero std)."""
         return trained_steps(sde_mask, 1.0, sigmas, o.step_kind)
 
+    def batches_done(self) -> int:
+        """Rollout batches trained so far (each takes ``num_inner_epochs * num_minibatches`` optimizer steps): the
+        iteration a schedule over training reads, the same after a resume."""
+        return self.global_step // (self.ppo.num_inner_epochs * self.ppo.num_minibatches)
+
     # -- the update ----------------------------------------------------------------------------------------
 
     def transition(self, rollout: Rollout, cond: Conditioning, pairs: Tensor) -> StepOutput:

@@ -28,7 +28,7 @@ class Trajectories(StepMetrics):
         ``completion_starts``, each with its row's metadata (``batch["images"]``, like ``cond``, per conditioning
         row)."""
         sigmas = self.policy.sigmas(self.num_steps).to(self.device)
-        mask = self.sde_mask(self.options)
+        mask = self.rollout_sde_mask(batch)
         cond_rows = batch.get("cond_rows", torch.arange(len(batch["seeds"]), device=self.device))
         reuse = self.completions is not None and self.completions.completion_steps == 0
         velocities = [] if reuse else None  # kept only for completions that reuse them
@@ -54,6 +54,11 @@ class Trajectories(StepMetrics):
     def noise_levels(self) -> Tensor:
         """Per-step noise scale ``[T]`` of the SDE (none for a deterministic rollout)."""
         return torch.zeros(self.num_steps)
+
+    def rollout_sde_mask(self, batch: dict) -> Tensor:
+        """The stochastic steps of this batch's rollout, ``[T]`` or per row ``[B, T]`` (default: :meth:`sde_mask`;
+        a schedule over training, MixGRPO's window or Flash-GRPO's step per group, overrides it)."""
+        return self.sde_mask(self.options)
 
     @classmethod
     def sde_mask(cls, o) -> Tensor:

@@ -88,8 +88,7 @@ class TreeMethod(PolicyGradient):
 
     def tree_shape(self) -> TreeShape:
         """This batch's tree shape."""
-        batches = self.global_step // (self.ppo.num_inner_epochs * self.ppo.num_minibatches)
-        return self.shape_of(self.options, batches)
+        return self.shape_of(self.options, self.batches_done())
 
     @classmethod
     def rollout_cost(cls, o) -> tuple[int, int]:

@@ -34,6 +34,7 @@ from flowrl.methods.option_surface import at_least
 from flowrl.methods.tree_method import TreeMethod
 from flowrl.policies.base import FlowPolicy
 from flowrl.sampling.tree import TreeShape
+from flowrl.sampling.windows import progressive_start
 
 
 class TreeRPO(TreeMethod):
@@ -76,12 +77,12 @@ class TreeRPO(TreeMethod):
         agrees): ``window_start``, advanced one step every ``window_shift_every`` batches and wrapping."""
         if o.window_shift_every is None:
             return o.window_start
-        span = o.num_steps - o.window_size - o.window_start + 1
-        return o.window_start + (batch // o.window_shift_every) % span
+        return progressive_start(batch, start=o.window_start, every=o.window_shift_every,
+                                 last=o.num_steps - o.window_size)
 
     def window(self) -> int:
         """The window's first step at this batch."""
-        return self.window_at(self.options, self.global_step // (self.ppo.num_inner_epochs * self.ppo.num_minibatches))
+        return self.window_at(self.options, self.batches_done())
 
     @classmethod
     def shape_of(cls, o, batch: int = 0) -> TreeShape:

@@ -278,16 +278,16 @@ def fraction_problems(timestep_fraction: float) -> list[str]:
 
 
 def trained_steps(sde_mask: Tensor, timestep_fraction: float, sigmas: Tensor, step_kind: str) -> Tensor:
-    """Steps the loss trains ``[T]``: stochastic steps among the first ``floor(T * timestep_fraction)`` (as
+    """Steps the loss trains ``[T]`` (or ``[B, T]`` from a per-row ``sde_mask``): stochastic steps among the first ``floor(T * timestep_fraction)`` (as
     flow_grpo), minus steps whose transition has zero std (CPS landing on sigma = 0; DDIM landing on sigma = 0 or
     not moving, as SD1.5's last step does with ``steps_offset = 0``).
 
     >>> trained_steps(torch.ones(10, dtype=torch.bool), 0.99, torch.linspace(1, 0, 11), "flow_grpo").sum().item()
     9
     """
-    num_steps = sde_mask.numel()
+    num_steps = sde_mask.shape[-1]
     mask = sde_mask.clone()
-    mask[fraction_steps(num_steps, timestep_fraction):] = False
+    mask[..., fraction_steps(num_steps, timestep_fraction):] = False
     if step_kind == "cps":
         mask &= sigmas[1:] > 0
     if step_kind == "ddim":

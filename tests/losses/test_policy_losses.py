@@ -133,7 +133,8 @@ def test_sapo_soft_gate_values_and_gradients():
 
 def test_unknown_names_and_options_fail_clearly():
     x, mask = torch.zeros(1, 1), ONE
-    with pytest.raises(ValueError, match=r"unknown policy loss 'ppo'; available: \['cispo', 'dppo', 'gpg', 'grpo_guard', 'gspo', 'sapo'"):
+    with pytest.raises(ValueError, match=r"unknown policy loss 'ppo'; available: \['chunk_gspo', 'chunk_gspo@gcpo', 'cispo', 'dppo', 'gpg', "
+                       r"'grpo_guard', 'gspo', 'sapo'"):
         losses.policy_loss("ppo", x, x, x, mask)
     with pytest.raises(ValueError, match="'gpg' has no option 'clip_low'; its options: \\[\\]"):
         losses.policy_loss("gpg", x, x, x, mask, clip_low=0.2)
@@ -143,7 +144,8 @@ def test_unknown_names_and_options_fail_clearly():
         losses.check_policy_loss("vanilla", clip_low="a")
     with pytest.raises(ValueError, match="must share one"):
         losses.policy_loss("vanilla", x, torch.zeros(1, 2), x, mask)
-    assert losses.available_policy_losses() == ["cispo", "dppo", "gpg", "grpo_guard", "gspo", "sapo", "vanilla", "vanilla@tree_rpo"]
+    assert losses.available_policy_losses() == ["chunk_gspo", "chunk_gspo@gcpo", "cispo", "dppo", "gpg", "grpo_guard",
+                                                "gspo", "sapo", "vanilla", "vanilla@tree_rpo"]
 
 
 def test_a_preset_names_a_methods_clip_and_its_bounds_scale_with_the_clip_range():
