@@ -25,24 +25,21 @@ from flowrl.checkpoints.sharded import META, is_sharded_checkpoint
 
 
 def method_path(cls: type | object | str) -> str:
-    """The class path a config names ``cls`` by: the shortest package that exports it (``flowrl.methods.FlowGRPO``
-    for flowrl's own, defined in ``flowrl.methods.flow_grpo``); a string is a class path already.
+    """The class path a config names ``cls`` (a class, a built object, or a class path already) by:
+    ``flowrl.methods.FlowGRPO`` for flowrl's own methods, the defining module's path for any other class.
 
-    Read from the packages already imported (importing ``cls``'s module imported its parents), so this module needs
-    no import of the methods it names.
+    ``flowrl.methods`` is looked up among the loaded modules, not imported: it is a floor above this one, and
+    importing one of its classes has loaded it.
 
     >>> import json
-    >>> json.JSONDecoder.__module__, method_path(json.JSONDecoder), method_path("my_lab.MyGRPO")
-    ('json.decoder', 'json.JSONDecoder', 'my_lab.MyGRPO')
+    >>> method_path(json.JSONDecoder), method_path("my_lab.MyGRPO")
+    ('json.decoder.JSONDecoder', 'my_lab.MyGRPO')
     """
     if isinstance(cls, str):
         return cls
     cls = cls if isinstance(cls, type) else type(cls)  # a built module names its class
-    parts = cls.__module__.split(".")
-    for end in range(1, len(parts)):
-        package = ".".join(parts[:end])
-        if getattr(sys.modules.get(package), cls.__name__, None) is cls:
-            return f"{package}.{cls.__name__}"
+    if getattr(sys.modules.get("flowrl.methods"), cls.__name__, None) is cls:
+        return f"flowrl.methods.{cls.__name__}"
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
