@@ -19,9 +19,9 @@ from typing import Any, Optional
 import torch
 
 from flowrl.checkpoints.family import family_problem
+from flowrl.checkpoints.sharded import META, is_sharded_checkpoint
 from flowrl.config_nodes import class_at, plain
 from flowrl.policies.base import LoraOptions, adapter_of
-from flowrl.checkpoints.sharded import META, is_sharded_checkpoint
 
 
 def method_path(cls: type | object | str) -> str:

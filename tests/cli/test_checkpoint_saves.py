@@ -15,10 +15,10 @@ import torch
 from lightning.pytorch import Callback
 
 import flowrl.checkpoints.atomic as atomic
-from flowrl.checkpoints.paths import checkpoint_problems
-from flowrl.cli import main
 from flowrl.checkpoints.atomic import AtomicCheckpointIO
+from flowrl.checkpoints.paths import checkpoint_problems
 from flowrl.checkpoints.sharded import load_consolidated
+from flowrl.cli import main
 from tests.cli.test_fit import fit_args
 
 ROOT = Path(__file__).resolve().parents[2]
