@@ -1,6 +1,6 @@
 """``python -m flowrl {fit,validate,test,predict}``: LightningCLI with omegaconf interpolation; ``python -m flowrl
-export --ckpt CKPT --out DIR [--merged]`` writes a trained policy for diffusers (``flowrl.policies.export``) and
-``python -m flowrl evaluate`` compares models on a prompt suite (``flowrl.evaluation.command``); the top-level
+export --ckpt CKPT --out DIR [--merged]`` writes a trained policy for diffusers (:mod:`flowrl.cli.export`) and
+``python -m flowrl evaluate`` compares models on a prompt suite (:mod:`flowrl.cli.evaluate`); the top-level
 ``--help`` lists all six.
 
 ``parser_mode="omegaconf+"`` resolves interpolations after command-line overrides are applied (plain
@@ -36,9 +36,9 @@ from flowrl.callbacks.image_writer import ImageWriter
 from flowrl.callbacks.progress import RunProgressBar
 from flowrl.callbacks.run_header import RunHeader
 from flowrl.callbacks.sigterm_stop import SigtermStop
+from flowrl.checkpoints.paths import (EXAMPLE, checkpoint_problems, newest_run_checkpoint, resolve_checkpoint,
+                                      run_checkpoint)
 from flowrl.cli.arguments import null_overrides_as_configs
-from flowrl.checkpoint_paths import (EXAMPLE, checkpoint_problems, newest_run_checkpoint, resolve_checkpoint,
-                                     run_checkpoint)
 from flowrl.cli.config_checks import config_problems, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, log_roots, release_unused, share_log_versions
 from flowrl.cli.machine_checks import free_memory, rollout_memory_problems
@@ -54,8 +54,8 @@ DESCRIPTION = "flowrl: RL post-training of diffusion and flow-matching generator
 #: the subcommands that are not LightningCLI's: {name: (the top-level help's line, the module whose main runs it)}
 OWN_SUBCOMMANDS = {
     "evaluate": ("The base model against tuned checkpoints on a prompt suite, with a report folder.",
-                 "flowrl.evaluation.command"),
-    "export": ("A trained policy as diffusers files (LoRA weights, or a merged pipeline).", "flowrl.policies.export"),
+                 "flowrl.cli.evaluate"),
+    "export": ("A trained policy as diffusers files (LoRA weights, or a merged pipeline).", "flowrl.cli.export"),
 }
 
 TRAINER_DEFAULTS: dict[str, Any] = {

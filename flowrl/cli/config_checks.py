@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from flowrl.checkpoint_fit import checkpoint_fit_problems, resume_step_problems
-from flowrl.checkpoint_paths import checkpoint_problems
+from flowrl.checkpoints.fit import checkpoint_fit_problems, resume_step_problems
+from flowrl.checkpoints.paths import checkpoint_problems
 from flowrl.cli.machine_checks import accelerator_problems
 from flowrl.cli.reward_checks import reward_policy_problems
 from flowrl.config_nodes import as_dict, class_at, with_defaults

@@ -19,9 +19,9 @@ import argparse
 import json
 from pathlib import Path
 
-from flowrl.checkpoint_paths import checkpoint_problems, resolve_checkpoint, run_config
+from flowrl.checkpoints.paths import checkpoint_problems, resolve_checkpoint, run_config
+from flowrl.checkpoints.sharded import is_sharded_checkpoint
 from flowrl.output_dirs import unwritable
-from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint
 
 DESCRIPTION = ("Generate images from a trained run (a fit checkpoint, an exported LoRA folder, or the base model of "
                "a config) and score them with the run's reward callbacks.")

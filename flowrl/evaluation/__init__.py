@@ -6,5 +6,5 @@ NumPy), :mod:`~flowrl.evaluation.signals` (drift, diversity and the reward-hacki
 :mod:`~flowrl.evaluation.metrics` (what the command reads and checks before loading weights),
 :mod:`~flowrl.evaluation.models` (LoRA models as adapters on one backbone), :mod:`~flowrl.evaluation.module` (the
 ``trainer.predict`` module), :mod:`~flowrl.evaluation.results` and :mod:`~flowrl.evaluation.report` (the files),
-:mod:`~flowrl.evaluation.command` (the command line). Guide: ``docs/evaluating.md``.
+:mod:`flowrl.cli.evaluate` (the command line). Guide: ``docs/evaluating.md``.
 """

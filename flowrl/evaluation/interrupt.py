@@ -7,7 +7,7 @@ rank zero removes the report files an earlier evaluation left in ``--out`` (nami
 SIGTERM (a scheduler's stop-then-kill): Lightning's handler sets ``trainer.received_sigterm`` in ``predict`` too, but
 its predict loop never reads it, so the run went on to its end and exited 0. :class:`StopOnSigterm` says at once
 that it stops (rank zero, once); the :class:`~flowrl.evaluation.module.Evaluator` stops after the current batch (one
-decision shared by every rank) and :func:`flowrl.evaluation.command.run` exits 143, as ``fit`` does
+decision shared by every rank) and :func:`flowrl.cli.evaluate.run` exits 143, as ``fit`` does
 (:class:`flowrl.callbacks.SigtermStop`).
 """
 

@@ -40,7 +40,7 @@ def build_policy(spec: dict, lora_default: bool = False, load: bool = True) -> F
     """The policy of a config's ``model.init_args.policy`` spec (its frozen weights load here unless ``load`` is
     False). ``lora_default``: a spec without LoRA gets the default options, so that adapters attach and
     ``reference()`` is the bare backbone."""
-    from flowrl.policies.export import policy_from_spec
+    from flowrl.checkpoints.loading import policy_from_spec
 
     spec = {"class_path": spec["class_path"], "init_args": dict(spec.get("init_args") or {})}
     if lora_default and spec["init_args"].get("lora") is None:
@@ -50,11 +50,9 @@ def build_policy(spec: dict, lora_default: bool = False, load: bool = True) -> F
 
 def checkpoint_state(path: Path) -> dict[str, torch.Tensor]:
     """The ``state_dict`` of a fit checkpoint (a file, or a sharded checkpoint's folder gathered whole)."""
-    from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint, load_consolidated
+    from flowrl.checkpoints.loading import read_checkpoint
 
-    checkpoint = load_consolidated(path) if is_sharded_checkpoint(path) else torch.load(
-        path, map_location="cpu", weights_only=False)
-    return checkpoint["state_dict"]
+    return read_checkpoint(path)["state_dict"]
 
 
 def generator_weights(state: dict[str, torch.Tensor], adapter: str = DEFAULT_ADAPTER) -> dict[str, torch.Tensor]:
@@ -142,7 +140,7 @@ def add_source(backbone: FlowPolicy, base_spec: dict, source: Source) -> Model:
         set_adapter_state(backbone, adapter, generator_weights(checkpoint_state(source.path)),
                           f"{source.name}={source.path}")
     else:
-        from flowrl.policies.export import load_policy
+        from flowrl.checkpoints.loading import load_policy
 
         policy = load_policy(source.path, source.config_path).requires_grad_(False).eval()
         return Model(source.name, policy, nullcontext)

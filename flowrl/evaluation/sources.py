@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from flowrl.checkpoint_paths import run_config
+from flowrl.checkpoints.paths import run_config
 
 #: the name the model without trained weights always has
 BASE = "base"
@@ -105,8 +105,8 @@ def base_model(config: dict) -> tuple[str, str]:
 
 def _kind(name: str, value: str, path: Path) -> tuple[Optional[str], list[str]]:
     """``"checkpoint"`` or ``"lora"``, or the problem with ``--ckpt_path name=value``."""
-    from flowrl.cli.config_checks import checkpoint_problems
-    from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint
+    from flowrl.checkpoints.paths import checkpoint_problems
+    from flowrl.checkpoints.sharded import is_sharded_checkpoint
 
     what = "pass a fit checkpoint (runs/<name>/version_N/checkpoints/last.ckpt), a sharded checkpoint's folder or a "
     what += "LoRA folder (python -m flowrl export --out FOLDER)"

@@ -28,7 +28,8 @@ from lightning.pytorch.utilities.parsing import collect_init_args
 from torch import Tensor
 
 from flowrl import advantages as adv_lib
-from flowrl.checkpoint_fit import load_mismatch, method_path
+from flowrl.checkpoints.atomic import use_atomic_saves
+from flowrl.checkpoints.fit import load_mismatch, method_path
 from flowrl.methods.batch import GATHERED, Batch, hook_value
 from flowrl.methods.option_surface import (at_least, checked_options, guidance_scale_problems, optimizer_problems,
                                            guidance_gate_problems, policy_guidance_scales)
@@ -41,7 +42,6 @@ from flowrl.rewards.reward_set import row_metadata
 from flowrl.sampling.completions import Completions
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import ODE_STEPS
-from flowrl.strategies.atomic_checkpoint import use_atomic_saves
 from flowrl.strategies.fsdp2 import shard_for_strategy
 from flowrl.training.nonfinite import NonfiniteSteps
 
@@ -169,7 +169,7 @@ class BaseModule(Trajectories):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["flowrl_loop"] = {**self.nonfinite.state_dict(), **self.untrained.state_dict()}
-        checkpoint["flowrl_method"] = method_path(type(self))  # read before loading (checkpoint_fit)
+        checkpoint["flowrl_method"] = method_path(type(self))  # read before loading (checkpoints.fit)
         checkpoint["flowrl_policy"] = method_path(type(self.policy))  # its family, read before loading too
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

@@ -59,6 +59,8 @@ class PolicyGradient(BaseModule):
             minibatch's ratios are exactly 1 whatever the sampling batch or precision; one extra forward pass.
     """
 
+    uses_ppo = True  # one optimizer, stepped through the strategy: what DeepSpeed's engine runs (strategies.checks)
+
     def __init__(self, policy: FlowPolicy, step_kind: str = "flow_grpo", noise_level: float = 0.7,
                  clip_range: float = 1e-4, loss: str = "vanilla", loss_options: Optional[dict[str, Any]] = None,
                  beta: float = 0.0, kl_convention: str = "exact", cfg_gradient: str = "both",

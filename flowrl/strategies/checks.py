@@ -19,8 +19,8 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from flowrl.checkpoints.sharded import is_sharded_checkpoint
 from flowrl.config_nodes import as_dict, with_defaults
-from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint
 
 FSDP2_CLASSES = ("FSDP2Strategy", "ModelParallelStrategy")
 DEEPSPEED_FIX = "pip install 'flowrl[deepspeed]'"
@@ -122,7 +122,7 @@ def _deepspeed_problems(trainer: dict, init_args: dict, options: dict, shown: An
     return problems
 
 
-def _is_policy_gradient(method: type) -> bool:
-    from flowrl.methods.policy_gradient import PolicyGradient
-
-    return isinstance(method, type) and issubclass(method, PolicyGradient)
+def _is_policy_gradient(method: Any) -> bool:
+    """Whether ``method`` (a class or a built module) trains with PPO's one optimizer (``uses_ppo``, set by
+    :class:`~flowrl.methods.PolicyGradient`), read off it: the strategies sit below the methods and import none."""
+    return bool(getattr(method, "uses_ppo", False))

@@ -8,7 +8,7 @@ is how the tests check it. What it adds to ``ModelParallelStrategy``:
 - ``block_backward_sync`` (the loop's ``no_sync``) turns off FSDP2's gradient reduce-scatter
   (``set_requires_gradient_sync``) for the non-final micro-batches of a minibatch, as DDP's ``no_sync`` does;
 - callbacks whose state holds sharded tensors (the EMA of sharded weights) save and resume them per rank
-  (:mod:`flowrl.strategies.sharded_checkpoint`) instead of rank zero's shard only;
+  (:mod:`flowrl.checkpoints.sharded`) instead of rank zero's shard only;
 - importing :mod:`flowrl.strategies` (as :mod:`flowrl.methods` does) registers the name ``fsdp2`` in Lightning's
   ``StrategyRegistry``.
 
@@ -26,10 +26,10 @@ from typing import Any, Optional
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
+from flowrl.checkpoints.atomic import commit, link, partial_path, remove_path, save_failed
+from flowrl.checkpoints.sharded import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
+                                        split_sharded)
 from flowrl.policies.sharding import shard_policy
-from flowrl.strategies.atomic_checkpoint import commit, link, partial_path, remove_path, save_failed
-from flowrl.strategies.sharded_checkpoint import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint,
-                                                  shard_templates, split_sharded)
 
 NAME = "fsdp2"
 
@@ -100,7 +100,7 @@ class FSDP2Strategy(ModelParallelStrategy):
                 link(newest, path)
             return self.barrier()
         # ModelParallelStrategy's distributed save, with the callbacks' shards as one more top-level entry, written
-        # whole beside the target and then put in its place (atomic_checkpoint): a killed save leaves the old one
+        # whole beside the target and then put in its place (checkpoints.atomic): a killed save leaves the old one
         partial = partial_path(path)
         if self.global_rank == 0:
             remove_path(partial)

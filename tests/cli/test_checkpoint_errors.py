@@ -13,7 +13,7 @@ import torch
 
 from flowrl.cli import main
 from flowrl.cli.predict import predict_arguments
-from flowrl.policies.export import load_policy
+from flowrl.checkpoints.loading import load_policy
 from tests.cli.test_fit import CONFIG as CONFIG_OF_TESTS
 from tests.cli.test_fit import fit_args, load_steps
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-import flowrl.strategies.atomic_checkpoint as atomic
-from flowrl.checkpoint_paths import checkpoint_problems
+import flowrl.checkpoints.atomic as atomic
+from flowrl.checkpoints.atomic import AtomicCheckpointIO
+from flowrl.checkpoints.paths import checkpoint_problems
+from flowrl.checkpoints.sharded import load_consolidated
 from flowrl.cli import main
-from flowrl.strategies.atomic_checkpoint import AtomicCheckpointIO
-from flowrl.strategies.sharded_checkpoint import load_consolidated
 from tests.cli.test_fit import fit_args
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrl.strategies.sharded_checkpoint import load_consolidated
+from flowrl.checkpoints.sharded import load_consolidated
 from tests.cli.test_ddp_configs import finish, fit, one_process, summary, two_nodes
 from tests.cli.test_fit import fit_args, load_steps, run_cli
 from tests.methods.fits_in_one_process import run_in_one_process

@@ -11,9 +11,10 @@ import torch
 from PIL import Image
 
 from flowrl.callbacks.image_writer import image_name
+from flowrl.checkpoints.loading import load_policy
 from flowrl.cli import main
 from flowrl.methods import FlowGRPO
-from flowrl.policies.export import export_lora, load_policy
+from flowrl.policies.export import export_lora
 from flowrl.rewards import DigitAlignment
 
 ROOT = Path(__file__).resolve().parents[2]

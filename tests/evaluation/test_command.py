@@ -95,7 +95,7 @@ def test_steps_and_guidance_default_to_the_methods_own(config, steps_and_guidanc
                                                          monkeypatch):
     """A config that leaves them out evaluates as its run sampled: TDM-R1's 4 CFG-free steps, DiffusionNFT's CFG-free
     sampler (their declared defaults), not another method's 10 steps at guidance 4.5."""
-    from flowrl.evaluation.command import parser, plan
+    from flowrl.cli.evaluate import parser, plan
 
     monkeypatch.chdir(ROOT)
     spec = yaml.safe_load((ROOT / "configs" / config).read_text())

@@ -15,7 +15,7 @@ from flowrl.callbacks.image_writer import image_name
 from flowrl.evaluation.suites import load_suite
 from flowrl.methods import FlowGRPO
 from flowrl.policies import TinyFlowPolicy
-from flowrl.policies.export import load_policy
+from flowrl.checkpoints.loading import load_policy
 from flowrl.rewards import DigitAlignment
 
 from tests.evaluation.conftest import SEEDS, STEPS

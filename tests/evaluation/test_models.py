@@ -74,7 +74,7 @@ def test_a_full_checkpoint_and_lora_folders_draw_their_own_images(tmp_path, monk
           *map(str, SEEDS), "--num_steps", str(STEPS), "--out", str(out), "--accelerator", "cpu", "--resamples",
           "200", "--grid_prompts", "1"])
     prompts, seeds = [p for p in PROMPTS for _ in SEEDS], torch.tensor(SEEDS * len(PROMPTS))
-    from flowrl.policies.export import load_policy
+    from flowrl.checkpoints.loading import load_policy
 
     expected = {"base": FlowGRPO(TinyFlowPolicy(lora=None).load(), guidance_scale=4.5),
                 "full": FlowGRPO(load_policy(ckpt), guidance_scale=4.5),

@@ -9,7 +9,7 @@ from diffusers import StableDiffusion3Pipeline
 
 from flowrl.cli import main
 from flowrl.methods import BaseModule
-from flowrl.policies.export import load_policy
+from flowrl.checkpoints.loading import load_policy
 from flowrl.sampling.sampler import seeded_noise
 from tests.cli.test_fit import load_steps, run_cli
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from flowrl.strategies.sharded_checkpoint import load_consolidated
+from flowrl.checkpoints.sharded import load_consolidated
 from tests.cli.test_fit import load_steps
 from tests.methods.fits_in_one_process import run_in_one_process
 from tests.methods.likelihood_free import CHECKPOINTS, assert_export_matches_pipeline, shrunk

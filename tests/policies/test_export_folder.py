@@ -5,8 +5,8 @@ Video page's snippet to load into ``transformer_2``)."""
 
 import pytest
 
+from flowrl.cli import export as export_command
 from flowrl.cli import main
-from flowrl.policies import export as export_module
 from flowrl.policies.export import export_lora
 from tests.policies.test_export import trained_policy
 from tests.policies.test_wan_export import SECOND, trained
@@ -16,7 +16,7 @@ MAIN = "pytorch_lora_weights.safetensors"
 
 def test_export_to_an_existing_file_is_refused_before_the_weights_load(sd3_dir, tmp_path, monkeypatch, capsys):
     loads = []
-    monkeypatch.setattr(export_module, "load_policy", lambda *a: loads.append(a) or trained_policy("sd3", sd3_dir))
+    monkeypatch.setattr(export_command, "load_policy", lambda *a: loads.append(a) or trained_policy("sd3", sd3_dir))
     target = tmp_path / "weights.safetensors"
     target.write_bytes(b"the user's own file")
     with pytest.raises(SystemExit, match=f"flowrl export: --out {target} is a file, not a folder: .* give a folder's "

@@ -10,7 +10,7 @@ from diffusers import StableDiffusion3Pipeline
 from peft.utils import get_peft_model_state_dict
 
 from flowrl.cli import main
-from flowrl.strategies.sharded_checkpoint import load_consolidated
+from flowrl.checkpoints.sharded import load_consolidated
 from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli
 from tests.policies.test_sd3 import HERE, fit_args, metrics
 

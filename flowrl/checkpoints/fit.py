@@ -12,22 +12,33 @@ records no method, a model that differs in more than its adapters).
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from flowrl.checkpoint_family import family_problem
+from flowrl.checkpoints.family import family_problem
+from flowrl.checkpoints.sharded import META, is_sharded_checkpoint
 from flowrl.config_nodes import class_at, plain
 from flowrl.policies.base import LoraOptions, adapter_of
-from flowrl.strategies.sharded_checkpoint import META, is_sharded_checkpoint
 
 
-def method_path(cls: type) -> str:
-    """The class path a config names ``cls`` by (``flowrl.methods.FlowGRPO`` for flowrl's own)."""
-    import flowrl.methods as methods
+def method_path(cls: type | object | str) -> str:
+    """The class path a config names ``cls`` (a class, a built object, or a class path already) by:
+    ``flowrl.methods.FlowGRPO`` for flowrl's own methods, the defining module's path for any other class.
 
-    if getattr(methods, cls.__name__, None) is cls:
+    ``flowrl.methods`` is looked up among the loaded modules, not imported: it is a floor above this one, and
+    importing one of its classes has loaded it.
+
+    >>> import json
+    >>> method_path(json.JSONDecoder), method_path("my_lab.MyGRPO")
+    ('json.decoder.JSONDecoder', 'my_lab.MyGRPO')
+    """
+    if isinstance(cls, str):
+        return cls
+    cls = cls if isinstance(cls, type) else type(cls)  # a built module names its class
+    if getattr(sys.modules.get("flowrl.methods"), cls.__name__, None) is cls:
         return f"flowrl.methods.{cls.__name__}"
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -98,10 +109,12 @@ _FIXES = {"resume": "resume with the config it was trained with (the config.yaml
           "export": "leave --config out: export reads the config.yaml beside the checkpoint"}
 
 
-def checkpoint_fit_problems(ckpt: str, method: type, policy: Any, purpose: str) -> list[str]:
+def checkpoint_fit_problems(ckpt: str, method: type | str, policy: Any, purpose: str) -> list[str]:
     """Problems loading checkpoint ``ckpt`` into ``method`` with the parsed ``policy`` config, for ``purpose``
     (``resume``, ``predict`` or ``export``); ``[]`` when it fits or the checkpoint cannot be read (its own check
-    names that)."""
+    names that). ``method``: the method's class (or built module), whose ``named_adapters`` must be in the
+    checkpoint, or only its class path where no method adapter need fit (``export`` checks the trained ``default``
+    adapter alone)."""
     try:
         shapes, record = checkpoint_record(ckpt)
     except Exception:  # noqa: BLE001  missing, cut off, not a checkpoint: checkpoint_problems says which

@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from flowrl.strategies.sharded_checkpoint import is_sharded_checkpoint
+from flowrl.checkpoints.sharded import is_sharded_checkpoint
 
 EXAMPLE = "runs/<name>/version_N/checkpoints/last.ckpt"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from flowrl.checkpoint_paths import run_config
+from flowrl.checkpoints.paths import run_config
 from flowrl.config_nodes import as_dict, class_at
 
 
