@@ -213,7 +213,7 @@ def load_for_strategy(strategy, module) -> list[str]:
     if mesh is None or mesh.size() == 1 or module.weights_loaded:
         module.load_weights()
         return shard_for_strategy(strategy, module.policy)
-    return load_into_shards(module, strategy, mesh, getattr(strategy, "reshard_after_forward", True))
+    return load_into_shards(module.policy, module.load_weights, mesh, getattr(strategy, "reshard_after_forward", True))
 
 
 def data_parallel_mesh(strategy):

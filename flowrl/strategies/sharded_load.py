@@ -18,8 +18,10 @@ tensor's dtype (diffusers keeps some modules in float32) before sharding, the no
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from flowrl.policies.sharding import shard_policy
@@ -29,31 +31,32 @@ from flowrl.policies.skeleton import denoiser_on_meta
 ROOTS = ("denoiser", "reference_denoiser")
 
 
-def load_into_shards(module, strategy, mesh, reshard_after_forward: bool = True) -> list[str]:
-    """Load ``module``'s weights (``module.load_weights()``, the policy's and the method's), the trained denoiser of
-    ``module.policy`` read by rank zero only and sharded over ``mesh``; returns the sharded modules' names.
+def load_into_shards(policy, load: Callable[[], object], mesh, reshard_after_forward: bool = True) -> list[str]:
+    """Run ``load`` (which loads ``policy``'s weights: ``BaseModule.load_weights``, or ``policy.load``) with the
+    trained denoiser read by global rank zero only, then shard it over ``mesh`` and fill every rank's shards from rank
+    zero's tensors; returns the sharded modules' names. Every process of the default process group calls it.
 
-    Args:
-        module: a :class:`~flowrl.methods.base.BaseModule` whose weights have not loaded yet.
-        strategy: the FSDP2 strategy (its ``global_rank`` and ``broadcast``).
-        mesh: the 1-D data-parallel ``DeviceMesh`` the weights are split over.
+    Raises:
+        RuntimeError: the denoiser a rank built on the meta device is not rank zero's (its tensors' names differ),
+            or a tensor got no value.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    policy, reader = module.policy, strategy.global_rank == 0
+    reader = dist.get_rank() == 0
     with nullcontext() if reader else denoiser_on_meta(policy):
-        module.load_weights()
+        load()
     roots = {name: getattr(policy, name) for name in ROOTS if getattr(policy, name, None) is not None}
     full = {name: root.state_dict() for name, root in roots.items()} if reader else {}
-    told = strategy.broadcast(_description(policy, roots) if reader else None)
+    box = [_description(policy, roots) if reader else None]
+    dist.broadcast_object_list(box, src=0)
     if not reader:
-        _take(policy, roots, told)
+        _take(policy, roots, box[0])
     sharded = shard_policy(policy, mesh, reshard_after_forward)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
     for name, root in roots.items():
         set_model_state_dict(root, full.pop(name, {}), options=options)  # rank zero frees each whole copy in turn
         if not reader:
-            _set_buffers(root, told["buffers"][name])
+            _set_buffers(root, box[0]["buffers"][name])
     _refuse_meta(roots)
     return sharded
 

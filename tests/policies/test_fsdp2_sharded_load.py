@@ -17,28 +17,6 @@ from flowrl.policies.tiny import TinyFlowPolicy
 from flowrl.strategies.sharded_load import load_into_shards
 
 
-class Strategy:
-    """What ``load_into_shards`` asks of Lightning's strategy: the rank and an object broadcast from rank zero."""
-
-    def __init__(self, rank: int):
-        self.global_rank = rank
-
-    def broadcast(self, obj):
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-
-class Module:
-    """A method's weights to load: the policy's, nothing more (``BaseModule.load_weights``)."""
-
-    def __init__(self, policy):
-        self.policy = policy
-
-    def load_weights(self):
-        self.policy.load()
-
-
 def policy(folder: str, full: bool) -> TinyFlowPolicy:
     torch.manual_seed(0)  # as the CLI seeds every process alike before it builds the policy
     return TinyFlowPolicy(folder, lora=None if full else LoraOptions(rank=4))
@@ -62,7 +40,7 @@ def load_on_rank(rank: int, folder: str, port: int, full: bool, out: str) -> Non
     SD3Transformer2DModel.from_pretrained = classmethod(counted)
     try:
         sharded = policy(folder, full)
-        load_into_shards(Module(sharded), Strategy(rank), init_device_mesh("cpu", (2,)))
+        load_into_shards(sharded, sharded.load, init_device_mesh("cpu", (2,)))
     finally:
         del SD3Transformer2DModel.from_pretrained
     got = sharded.denoiser.state_dict()
