@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python scripts/bench_fsdp2_memory.py [--layers 12] [--heads 8] [--head-dim 64]
 
 Saves a tiny-family model (``flowrl.policies.tiny_components``) with a wider, deeper SD3 transformer and random
-weights to a temporary folder (the defaults: 75 M parameters, ~300 MB in float32), then loads its policy with LoRA
+weights to a temporary folder (the defaults: 111 M parameters, 424 MB in float32), then loads its policy with LoRA
 (``TinyFlowPolicy``), each load in fresh processes:
 
 - ``1 process``: ``policy.load()``, the whole model;
@@ -12,10 +12,13 @@ weights to a temporary folder (the defaults: 75 M parameters, ~300 MB in float32
 - ``FSDP2 x2, rank 0 reads``: what ``fsdp2`` does now (:func:`flowrl.strategies.sharded_load.load_into_shards`):
   rank 0 loads, rank 1 builds the denoiser on the meta device, both shard, rank 0's tensors fill the shards.
 
-Each process reports its peak resident memory (``VmHWM``, reset through ``/proc/self/clear_refs`` once the policy is
-built, so the imports and the config reading are the baseline) minus its resident memory at that baseline, and the
-bytes of denoiser it holds at the end. The script prints one row per process and the ratio of each to the 1-process
-load. On a machine shared with other jobs the figures are per process and do not depend on the others' load.
+Each process reads every weight it holds once (as the first step will: the safetensors file is memory-mapped, its
+pages resident only once read), then reports its peak resident memory (``VmHWM``, reset through
+``/proc/self/clear_refs`` once the policy is built, so the imports and the config reading are the baseline) minus its
+resident memory at that baseline, the bytes of denoiser it holds, and its file-backed resident memory at the end
+(``RssFile``: mapped pages of the model files, which processes on one machine share through the page cache).
+The script prints one row per process and the ratio of its peak to the 1-process load's. On a machine shared with
+other jobs the figures are per process and do not depend on the others' load (the run time does).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def save_model(out: Path, layers: int, heads: int, head_dim: int) -> int:
 
 def measure(rank: int, world: int, mode: str, folder: str, port: int, results) -> None:
     """One process's load (``mode``: ``whole``, ``every rank reads`` or ``rank 0 reads``); puts
-    ``(mode, rank, peak MB, denoiser MB held)`` on ``results``."""
+    ``(mode, rank, peak MB, denoiser MB held, file-backed MB)`` on ``results``."""
     from torch.distributed.tensor import DTensor
 
     from flowrl.policies.base import LoraOptions
@@ -84,8 +87,11 @@ def measure(rank: int, world: int, mode: str, folder: str, port: int, results) -
             from torch.distributed.device_mesh import init_device_mesh
 
             shard_policy(policy, init_device_mesh("cpu", (world,)))
-    held = sum((p.to_local() if isinstance(p, DTensor) else p).nbytes for p in policy.denoiser.parameters())
-    results.put((mode, rank, (status_kb("VmHWM") - start) / 1024, held / MB))
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in policy.denoiser.parameters()]
+    with torch.no_grad():  # read every weight once, as the first step will: safetensors' pages map in lazily
+        sum(float(t.float().sum()) for t in local)
+    results.put((mode, rank, (status_kb("VmHWM") - start) / 1024, sum(t.nbytes for t in local) / MB,
+                 status_kb("RssFile") / 1024))
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -118,10 +124,10 @@ def main() -> None:
               f"{count / 1e6:.1f} M parameters, {count * 4 / MB:.0f} MB in float32 (LoRA rank 8)")
         rows = [*run("whole", 1, tmp), *run("every rank reads", 2, tmp), *run("rank 0 reads", 2, tmp)]
     one = rows[0][2]
-    print(f"{'load':<28}{'rank':>5}{'peak MB':>10}{'held MB':>10}{'peak / 1 process':>18}")
-    for mode, rank, peak, held in rows:
+    print(f"{'load':<28}{'rank':>5}{'peak MB':>10}{'held MB':>10}{'file MB':>10}{'peak / 1 process':>18}")
+    for mode, rank, peak, held, file in rows:
         name = "1 process" if mode == "whole" else f"FSDP2 x2, {mode}"
-        print(f"{name:<28}{rank:>5}{peak:>10.0f}{held:>10.0f}{peak / one:>18.2f}")
+        print(f"{name:<28}{rank:>5}{peak:>10.0f}{held:>10.0f}{file:>10.0f}{peak / one:>18.2f}")
 
 
 if __name__ == "__main__":
