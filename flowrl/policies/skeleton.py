@@ -34,8 +34,9 @@ def denoiser_module_names(policy) -> set[str]:
 @contextmanager
 def denoiser_on_meta(policy) -> Iterator[None]:
     """Within this context ``from_pretrained`` of the class of ``policy``'s denoiser builds the model from its config
-    on the meta device and reads no weights, so that ``policy.load()`` loads every other component as always and a
-    denoiser skeleton whose weights come later (FSDP2's shards, :mod:`flowrl.strategies.sharded_load`).
+    with its parameters on the meta device and reads no weights, so that ``policy.load()`` loads every other
+    component as always and a denoiser skeleton whose weights come later (FSDP2's shards,
+    :mod:`flowrl.strategies.sharded_load`).
 
     The families' ``_load_weights`` stay as they are (each calls its denoiser class's ``from_pretrained``); the
     skeleton is what ``from_pretrained`` returns bar the weights: the config from the same folder, ``torch_dtype``
@@ -47,7 +48,11 @@ def denoiser_on_meta(policy) -> Iterator[None]:
     own = cls.__dict__.get("from_pretrained")
 
     def skeleton(klass, path, subfolder=None, torch_dtype=None, **_):
-        with torch.device("meta"):
+        from accelerate import init_empty_weights  # peft's dependency; what diffusers loads with
+
+        # parameters on the meta device, but buffers and plain tensors that __init__ computes (Qwen-Image's rotary
+        # frequencies) real, as from_pretrained builds them: no state dict carries the plain ones
+        with init_empty_weights(include_buffers=False):
             model = klass.from_config(klass.load_config(path, subfolder=subfolder))
         return (model if torch_dtype is None else model.to(torch_dtype)).eval()
 
