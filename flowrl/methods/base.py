@@ -42,7 +42,7 @@ from flowrl.rewards.reward_set import row_metadata
 from flowrl.sampling.completions import Completions
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import ODE_STEPS
-from flowrl.strategies.fsdp2 import shard_for_strategy
+from flowrl.strategies.fsdp2 import load_for_strategy
 from flowrl.training.nonfinite import NonfiniteSteps
 
 
@@ -138,8 +138,7 @@ class BaseModule(Trajectories):
     def configure_model(self) -> None:
         # Lightning calls this under every strategy, before the optimizers exist: the weights load here, not when the
         # objects are built, so that every check before it ran on configs alone; only FSDP2 changes the model here
-        self.load_weights()
-        shard_for_strategy(self.trainer.strategy, self.policy)
+        load_for_strategy(self.trainer.strategy, self)  # under fsdp2 each process loads only its shards
         use_atomic_saves(self.trainer.strategy)  # a failed save keeps the previous checkpoint; `last` the newest
 
     def load_weights(self) -> "BaseModule":

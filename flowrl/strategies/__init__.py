@@ -5,6 +5,7 @@ loads (:mod:`~flowrl.strategies.checks`). Multi-GPU and multi-node runs come fro
 only adapt them to a loop with manual optimization, named adapters and sharded callback state.
 """
 
-from flowrl.strategies.fsdp2 import FSDP2Strategy, forward_is_collective, is_fsdp2, shard_for_strategy
+from flowrl.strategies.fsdp2 import (FSDP2Strategy, forward_is_collective, is_fsdp2, load_for_strategy,
+                                    shard_for_strategy)
 
-__all__ = ["FSDP2Strategy", "forward_is_collective", "is_fsdp2", "shard_for_strategy"]
+__all__ = ["FSDP2Strategy", "forward_is_collective", "is_fsdp2", "load_for_strategy", "shard_for_strategy"]

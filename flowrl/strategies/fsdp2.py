@@ -30,6 +30,7 @@ from flowrl.checkpoints.atomic import commit, link, partial_path, remove_path, s
 from flowrl.checkpoints.sharded import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
                                         split_sharded)
 from flowrl.policies.sharding import shard_policy
+from flowrl.strategies.sharded_load import load_into_shards
 
 NAME = "fsdp2"
 
@@ -193,13 +194,41 @@ def shard_for_strategy(strategy, policy) -> list[str]:
     Raises:
         ValueError: a ``ModelParallelStrategy`` with tensor parallelism, which flowrl does not apply.
     """
-    if not is_fsdp2(strategy):
+    mesh = data_parallel_mesh(strategy)
+    if mesh is None:
         return []
+    return shard_policy(policy, mesh, getattr(strategy, "reshard_after_forward", True))
+
+
+def load_for_strategy(strategy, module) -> list[str]:
+    """Load ``module``'s weights (``module.load_weights()``) under ``strategy`` and shard them when it is FSDP2;
+    returns the sharded modules' names. On several FSDP2 processes only rank zero reads the trained denoiser, the
+    others build it on the meta device and receive their shards (:mod:`flowrl.strategies.sharded_load`); under any
+    other strategy, or one process, every rank loads the whole model as a script does.
+
+    Raises:
+        ValueError: a ``ModelParallelStrategy`` with tensor parallelism (before any weight loads).
+    """
+    mesh = data_parallel_mesh(strategy)
+    if mesh is None or mesh.size() == 1 or module.weights_loaded:
+        module.load_weights()
+        return shard_for_strategy(strategy, module.policy)
+    return load_into_shards(module.policy, module.load_weights, mesh, getattr(strategy, "reshard_after_forward", True))
+
+
+def data_parallel_mesh(strategy):
+    """The 1-D data-parallel ``DeviceMesh`` FSDP2 shards over, None when the strategy is not FSDP2.
+
+    Raises:
+        ValueError: a ``ModelParallelStrategy`` with tensor parallelism, which flowrl does not apply.
+    """
+    if not is_fsdp2(strategy):
+        return None
     mesh = strategy.device_mesh
     if mesh["tensor_parallel"].size() > 1:
         raise ValueError(f"ModelParallelStrategy with tensor_parallel_size={mesh['tensor_parallel'].size()}: flowrl "
                          "shards with FSDP2 over data-parallel ranks only; use --trainer.strategy=fsdp2")
-    return shard_policy(policy, mesh["data_parallel"], getattr(strategy, "reshard_after_forward", True))
+    return mesh["data_parallel"]
 
 
 def register() -> None:
