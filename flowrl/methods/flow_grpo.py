@@ -35,10 +35,8 @@ class FlowGRPO(PolicyGradient):
         super().__init__(policy, cfg_gradient=cfg_gradient, kl_convention=kl_convention, **kwargs)
         self.timestep_fraction = timestep_fraction
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        return fraction_problems(o.timestep_fraction)
+    def problems(self) -> list[str]:
+        return super().problems() + fraction_problems(self.timestep_fraction)
 
-    @classmethod
-    def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
-        return trained_steps(sde_mask, o.timestep_fraction, sigmas, o.step_kind)
+    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+        return trained_steps(sde_mask, self.timestep_fraction, sigmas, self.step_kind)

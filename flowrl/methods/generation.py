@@ -74,7 +74,7 @@ class Generation(LightningModule):
         """Images ``[B, 3, H, W]`` from the deterministic ODE sampler (no noise after the seeded start); ``images``:
         the prompts' conditioning images, for an editing or image-to-video policy."""
         cond = self.encode({"prompts": prompts, "images": images})
-        sigmas = self.policy.sigmas(num_steps or self.eval_num_steps).to(self.device)
+        sigmas = self.policy.sigmas(num_steps or self.eval_num_steps or self.num_steps).to(self.device)
         ode = ODE_STEPS[self.policy.prediction]
         latents, _ = sample(self.velocity_fn(cond), seeds, sigmas, self.policy.latent_shape(), ode, device=self.device)
         return self.policy.decode(latents[:, -1])

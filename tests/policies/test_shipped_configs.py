@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from flowrl.cli import FlowRLCLI, main
-from flowrl.methods.option_surface import bound_options
+from flowrl.cli.config_checks import method_without_policy
 from flowrl.rewards.base import RewardCallback
 from tests.policies.edit_records import write_records
 from tests.policies.tiny_editing import CONDITION_AREA, SOURCE_AREA
@@ -66,7 +66,7 @@ def tiny_stand_in(config: str, model_dir: str, out: Path) -> Path:
         policy["max_sequence_length"] = 8
     policy.update({key: value for key, value in TINY_SOURCES.items() if key in policy})
     method = _class(cfg["model"]["class_path"])
-    leaves = method.rollout_cost(bound_options(method, (), {**init, "policy": None})[0])[0]
+    leaves = method_without_policy(method, init).rollout_cost()[0]
     cfg["data"].update(prompts=prompts_for(config, out), num_groups=1,
                        group_size=max(leaves, 2 if leaves == 1 else leaves))
     path = out / config

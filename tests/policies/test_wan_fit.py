@@ -27,12 +27,11 @@ def test_every_video_config_is_covered():
 
 def samples_per_rollout(config: str, overrides: dict) -> int:
     """The samples one rollout of the config's method scores (a tree's leaves), with ``overrides`` applied."""
-    from flowrl.methods.option_surface import bound_options
+    from flowrl.cli.config_checks import method_without_policy
 
     cfg = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())["model"]
     method = _class(cfg["class_path"])
-    init = {**cfg["init_args"], **overrides, "policy": None}
-    return method.rollout_cost(bound_options(method, (), init)[0])[0]
+    return method_without_policy(method, {**cfg["init_args"], **overrides}).rollout_cost()[0]
 
 
 def _class(path: str):
