@@ -102,15 +102,15 @@ class FlowRLCLI(LightningCLI):
         problems, config = self.config_problems, self.config[self.subcommand]
         try:
             super().instantiate_classes()
-        except MethodOptionsError as err:  # the policy built: every problem of the method's options
-            problems += unbuilt_problems(config, err.problems)
-        except PolicyOptionsError as err:
-            problems += err.problems + unbuilt_problems(config)
-        except Exception:  # noqa: BLE001  a config the checks refuse may not build at all: they say why
-            unbuilt = unbuilt_problems(config)
-            if not problems and not unbuilt:
-                raise
-            problems += unbuilt
+        except Exception as err:  # noqa: BLE001  a config the checks refuse may not build at all: they say why
+            refused = refusal(err)  # jsonargparse may wrap the error a class raised while it built it
+            if isinstance(refused, MethodOptionsError):  # the policy built: every problem of the method's options
+                problems += unbuilt_problems(config, refused.problems)
+            else:  # a policy's options refused (the method is checked without it), a model folder missing...
+                unbuilt = [*getattr(refused, "problems", []), *unbuilt_problems(config)]
+                if not problems and not unbuilt:
+                    raise
+                problems += unbuilt
         else:
             trainer = self.trainer
             problems += built_problems(self.model, self.datamodule, trainer.num_devices * trainer.num_nodes,
@@ -199,6 +199,16 @@ class FlowRLCLI(LightningCLI):
         device = self.trainer.strategy.root_device
         return rollout_memory_problems(samples, self.model.num_steps, policy.latent_shape(), free_memory(device),
                                        f"the {device.type} device" if device.type != "cpu" else "this machine")
+
+
+def refusal(err: BaseException) -> BaseException:
+    """The options error (a policy's or a method's) behind ``err``, following its causes; else ``err``."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, (PolicyOptionsError, MethodOptionsError)):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return err
 
 
 def last_checkpoint(trainer: dict) -> Path:

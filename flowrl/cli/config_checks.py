@@ -8,6 +8,7 @@ from the data module and the method's ``rollout_cost()``, and the schedule. Each
 from __future__ import annotations
 
 import warnings
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Any, Optional
 
@@ -108,6 +109,8 @@ def unbuilt_problems(config: Any, method_problems: Optional[list[str]] = None) -
             return built_problems(method, data, world, trainer.get("max_steps", -1))
         except MethodOptionsError as err:
             method_problems = err.problems
+        except (TypeError, ValueError, ArgumentError):  # options only the run's own parse resolves: not checked here
+            method_problems = []
     return method_problems + layout_problems(data, cls, world)
 
 
