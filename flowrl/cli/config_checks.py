@@ -49,7 +49,6 @@ def config_problems(config: Any) -> list[str]:
     policy = as_dict(init_args.get("policy"))
     if isinstance(as_dict(policy.get("init_args")).get("model"), str):
         problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
-        problems += policy_problems(policy)
     trainer = as_dict(config.get("trainer"))
     problems += accelerator_problems(trainer)  # a GPU config on a machine without one
     world = world_size(trainer)
@@ -124,15 +123,6 @@ def layout(data: Any, world: int, samples: int = 1) -> GroupLayout:
 def layout_problems(data: Any, method: type, world: int, samples: int = 1) -> list[str]:
     """Problems of the batch geometry of method class ``method`` (``samples``: what one rollout scores)."""
     return layout(data, world, samples).problems(getattr(method, "min_group_size", 2), method.__name__)
-
-
-def policy_problems(policy: dict) -> list[str]:
-    """The policy's own settings against its model's config files (a video's size against Wan's latent grid), where
-    its class checks them from the config alone (``config_problems``): reported here, once, instead of from inside
-    its ``__init__`` through jsonargparse's dump of every type it tried."""
-    cls = class_at(policy.get("class_path"))
-    check = getattr(cls, "config_problems", None)
-    return check(with_defaults(cls, policy.get("init_args"))) if callable(check) else []
 
 
 def _count_prompts(source: Any) -> int:
