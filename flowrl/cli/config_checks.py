@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from argparse import ArgumentError
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from jsonargparse import ArgumentParser
@@ -84,15 +85,20 @@ def built_problems(method: BaseModule, data: Any, world: int, max_steps: Optiona
 
 
 def method_without_policy(cls: type, init_args: Any) -> BaseModule:
-    """Method ``cls`` built from its parsed ``init_args`` (nested classes built by jsonargparse) with no policy: the
-    checks that read the policy are left out. Raises :class:`~flowrl.methods.option_surface.MethodOptionsError`."""
-    init_args = {k: v for k, v in (plain(init_args) or {}).items() if k != "policy"}
+    """Method ``cls`` built from its parsed ``init_args`` (nested classes built by jsonargparse) without its policy,
+    which could not be built: in its place the options the config gives it that the method's checks read (``lora``,
+    Wan's ``guidance_scale_2``); the checks that need its configs (prediction, guidance kind) are left out. Raises
+    :class:`~flowrl.methods.option_surface.MethodOptionsError`."""
+    init_args = plain(init_args) or {}
+    given = as_dict(as_dict(init_args.get("policy")).get("init_args"))
+    policy = SimpleNamespace(**{k: given[k] for k in ("lora", "guidance_scale_2") if k in given})
+    init_args = {k: v for k, v in init_args.items() if k != "policy"}
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(cls, "method", skip={"policy"}, instantiate=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # jsonargparse deprecates instantiate_classes (LightningCLI's call too)
         options = vars(parser.instantiate_classes(parser.parse_object({"method": init_args})).method)
-    return cls(None, **options)
+    return cls(policy, **options)
 
 
 def unbuilt_problems(config: Any, method_problems: Optional[list[str]] = None) -> list[str]:

@@ -52,7 +52,7 @@ def named_adapter_problems(policy: Any, method: str) -> list[str]:
     """A method on named LoRA adapters (TDM-R1, DiffusionNFT) needs a policy that trains LoRA (the reference is the
     backbone without adapters) and predicts a velocity (their losses are written for rectified flow)."""
     problems = []
-    if policy is not None and policy.lora is None:
+    if policy is not None and hasattr(policy, "lora") and policy.lora in (None, "None"):
         problems.append(f"model.init_args.policy.init_args.lora=null: {method} trains named LoRA adapters on one "
                         "backbone (its reference is the backbone without them); set lora, e.g. {rank: 32, alpha: 64}")
     if (predicts := getattr(policy, "prediction", None)) not in (None, "velocity"):
