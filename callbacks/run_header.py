@@ -75,17 +75,17 @@ def batch_line(prompts: int, group_size: int, method, trainer) -> str:
     the processes, the sampling steps and the model evaluations (the method's ``rollout_cost``).
 
     >>> from types import SimpleNamespace as N
-    >>> method = N(options=N(), num_steps=10, rollout_cost=lambda o: (16, 111))
+    >>> method = N(num_steps=10, rollout_cost=lambda: (16, 111))
     >>> trainer = N(world_size=1, strategy=N(root_device=N(type="cpu")))
     >>> batch_line(4, 16, method, trainer)
     '4 prompts x 16 samples = 64 per batch (4 trees of 16 leaves) on 1 process (cpu); 10 sampling steps, 444 model evaluations per batch'
-    >>> dense = N(options=N(), num_steps=10, rollout_cost=lambda o: (1, 65), calibration_evaluations=lambda: 32 * 5 * 65)
+    >>> dense = N(num_steps=10, rollout_cost=lambda: (1, 65), calibration_evaluations=lambda: 32 * 5 * 65)
     >>> batch_line(8, 4, dense, trainer).partition("steps, ")[2]  # tiny_dense_grpo.yaml: 32 x 65; 5 x 32 x 65
     '2,080 model evaluations per batch; the first batch 12,480 with the 10,400 of its calibration (model.calibration)'
     """
     processes = f"{trainer.world_size} process{'es' if trainer.world_size > 1 else ''}"
     line = f"{prompts} prompts x {group_size} samples = {prompts * group_size} per batch"
-    cost = method.rollout_cost(method.options) if hasattr(method, "rollout_cost") else None
+    cost = method.rollout_cost() if hasattr(method, "rollout_cost") else None
     if cost is not None and cost[0] > 1:  # rows are trees: say how many and how large
         line += f" ({prompts * group_size // cost[0]} trees of {cost[0]} leaves)"
     line += f" on {processes} ({trainer.strategy.root_device.type})"

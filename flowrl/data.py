@@ -267,7 +267,7 @@ class PromptDataModule(LightningDataModule):
         self.val_images = source_images(self.val_source, "data.val_prompts", self.trainer)
         world = self.trainer.world_size if self.trainer else 1
         method = self.trainer.lightning_module if self.trainer else None
-        per = method.rollout_cost(method.options)[0] if hasattr(method, "rollout_cost") else 1  # a tree's leaves
+        per = method.rollout_cost()[0] if hasattr(method, "rollout_cost") else 1  # a tree's leaves
         self.layout = GroupLayout(len(self.prompts), self.num_groups, self.group_size, world,
                                   self.spread_groups, self.seed, per)
         if problems := self.layout.problems(getattr(method, "min_group_size", 2), type(method).__name__):

@@ -6,7 +6,8 @@ export --ckpt CKPT --out DIR [--merged]`` writes a trained policy for diffusers 
 ``parser_mode="omegaconf+"`` resolves interpolations after command-line overrides are applied (plain
 ``omegaconf`` resolves them per file and then ignores an override of a referenced key); absolute interpolation
 paths are made relative so ``${data.group_size}`` works from inside a nested class's ``init_args``.
-Cross-component problems are collected and raised together before any class (and so any weight) is loaded.
+Every problem of the run is collected and raised together before any weight loads: those of the parsed config, then
+those of the built objects (building a policy reads only its configs; weights load in ``configure_model``).
 A ``null`` override of a key inside a nested class (``--model.init_args.policy.init_args.lora=null``) is passed on
 as a one-key config layer, in place: jsonargparse turns such a command-line ``null`` into the string ``'None'``.
 ``predict`` takes short options (``--prompts``, ``--seeds``, ...; :mod:`flowrl.cli.predict`) and writes images
@@ -39,7 +40,7 @@ from flowrl.callbacks.sigterm_stop import SigtermStop
 from flowrl.checkpoints.paths import (EXAMPLE, checkpoint_problems, newest_run_checkpoint, resolve_checkpoint,
                                       run_checkpoint)
 from flowrl.cli.arguments import null_overrides_as_configs
-from flowrl.cli.config_checks import config_problems, predict_problems
+from flowrl.cli.config_checks import built_problems, config_problems, predict_problems, unbuilt_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, log_roots, release_unused, share_log_versions
 from flowrl.cli.machine_checks import free_memory, rollout_memory_problems
 from flowrl.cli.method_switch import method_switch
@@ -49,6 +50,8 @@ from flowrl.cli.rendezvous import rendezvous_notice
 from flowrl.config_nodes import as_dict
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
+from flowrl.methods.option_surface import MethodOptionsError
+from flowrl.policies.pipeline_policy import PolicyOptionsError
 
 DESCRIPTION = "flowrl: RL post-training of diffusion and flow-matching generators, a PyTorch Lightning plug-in."
 #: the subcommands that are not LightningCLI's: {name: (the top-level help's line, the module whose main runs it)}
@@ -79,16 +82,41 @@ class FlowRLCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config
-        problems = list(self.command_line_problems)
+        self.config_problems = list(self.command_line_problems)
         if self.subcommand == "predict":
-            problems += predict_problems(config)
+            self.config_problems += predict_problems(config)
         elif self.subcommand == "fit":
-            problems += config_problems(config)
-        if problems:
-            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+            self.config_problems += config_problems(config)
         if self.subcommand != "fit":
+            if self.config_problems:
+                raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(self.config_problems))
             return
         share_log_versions(config.get("trainer", {}).get("logger"), rank_zero=launched_as_rank_zero())
+
+    def instantiate_classes(self) -> None:
+        """Build the run (cheap: no weight loads before ``fit``), then raise every problem together: the parsed
+        config's (:meth:`before_instantiate_classes`), a policy's or method's options refused while building, and
+        those of the built objects (:func:`~flowrl.cli.config_checks.built_problems`)."""
+        if self.subcommand != "fit":
+            return super().instantiate_classes()
+        problems, config = self.config_problems, self.config[self.subcommand]
+        try:
+            super().instantiate_classes()
+        except Exception as err:  # noqa: BLE001  a config the checks refuse may not build at all: they say why
+            refused = refusal(err)  # jsonargparse may wrap the error a class raised while it built it
+            if isinstance(refused, MethodOptionsError):  # the policy built: every problem of the method's options
+                problems += unbuilt_problems(config, refused.problems)
+            else:  # a policy's options refused (the method is checked without it), a model folder missing...
+                unbuilt = [*getattr(refused, "problems", []), *unbuilt_problems(config)]
+                if not problems and not unbuilt:
+                    raise
+                problems += unbuilt
+        else:
+            trainer = self.trainer
+            problems += built_problems(self.model, self.datamodule, trainer.num_devices * trainer.num_nodes,
+                                       trainer.max_steps)
+        if problems:
+            raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
 
     def _add_subcommands(self, parser, **kwargs: Any) -> None:
         super()._add_subcommands(parser, **kwargs)
@@ -171,6 +199,16 @@ class FlowRLCLI(LightningCLI):
         device = self.trainer.strategy.root_device
         return rollout_memory_problems(samples, self.model.num_steps, policy.latent_shape(), free_memory(device),
                                        f"the {device.type} device" if device.type != "cpu" else "this machine")
+
+
+def refusal(err: BaseException) -> BaseException:
+    """The options error (a policy's or a method's) behind ``err``, following its causes; else ``err``."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, (PolicyOptionsError, MethodOptionsError)):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return err
 
 
 def last_checkpoint(trainer: dict) -> Path:

@@ -1,22 +1,28 @@
-"""Checks of a parsed (not yet instantiated) ``fit`` or ``predict`` config, run before any class, and so any weight,
-is loaded: the method's options (every class's ``check_options``), the batch geometry, the schedule, the data files
-and their images against the policy's (an edit's sources), the model path, the checkpoint and the strategy. Each
-problem names the key and the fix; all are raised together.
+"""Checks of a ``fit`` or ``predict`` run before any weight loads. Two stages, raised together by the CLI:
+:func:`config_problems` reads the parsed config (the data files and their images against the policy's, the model
+path, the checkpoint, the strategy, the rewards); :func:`built_problems` reads the built objects, which cost nothing
+to build (a policy reads only its configs): the method's options (every class's ``problems()``), the batch geometry
+from the data module and the method's ``rollout_cost()``, and the schedule. Each problem names the key and the fix.
 """
 
 from __future__ import annotations
 
+import warnings
+from argparse import ArgumentError
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
+
+from jsonargparse import ArgumentParser
 
 from flowrl.checkpoints.fit import checkpoint_fit_problems, resume_step_problems
 from flowrl.checkpoints.paths import checkpoint_problems
 from flowrl.cli.machine_checks import accelerator_problems
 from flowrl.cli.reward_checks import reward_policy_problems
-from flowrl.config_nodes import as_dict, class_at, with_defaults
+from flowrl.config_nodes import as_dict, class_at, plain, with_defaults
 from flowrl.data import GroupLayout, PromptDataModule, load_prompts
 from flowrl.methods.base import BaseModule
-from flowrl.methods.option_surface import bound_options, option_problems
+from flowrl.methods.option_surface import MethodOptionsError
 from flowrl.model_paths import model_problems
 from flowrl.prompt_records import config_record_problems
 from flowrl.strategies.checks import strategy_problems
@@ -41,24 +47,13 @@ def config_problems(config: Any) -> list[str]:
     model = as_dict(config.get("model"))
     method = class_at(model.get("class_path")) or BaseModule  # the parser has imported it already
     init_args = as_dict(model.get("init_args"))
-    method_problems = option_problems(method, **init_args)  # every class's check_options, on the bound values
-    problems += method_problems
     policy = as_dict(init_args.get("policy"))
     if isinstance(as_dict(policy.get("init_args")).get("model"), str):
         problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
-        problems += policy_problems(policy)
     trainer = as_dict(config.get("trainer"))
     problems += accelerator_problems(trainer)  # a GPU config on a machine without one
     world = world_size(trainer)
     data = with_defaults(PromptDataModule, config.get("data"))  # every data option, the declared default where unset
-    # samples one rollout scores (a tree's leaves), once the options it is computed from are sound
-    options = bound_options(method, (), init_args)[0]  # every option's value, the declared default where unset
-    samples = 1 if method_problems else method.rollout_cost(options)[0]
-    layout = GroupLayout(1, data["num_groups"], data["group_size"], world or 1, data["spread_groups"],
-                         samples_per_rollout=samples)
-    problems += layout.problems(getattr(method, "min_group_size", 2), method.__name__)
-    if not method_problems:
-        problems += schedule_problems(vars(options), trainer, layout.local_batch_size)
     if trainer.get("use_distributed_sampler"):
         problems.append("trainer.use_distributed_sampler=true would re-split the GRPO groups; set it to false")
     for key in ("prompts", "val_prompts"):
@@ -76,13 +71,64 @@ def config_problems(config: Any) -> list[str]:
     return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
 
 
-def policy_problems(policy: dict) -> list[str]:
-    """The policy's own settings against its model's config files (a video's size against Wan's latent grid), where
-    its class checks them from the config alone (``config_problems``): reported here, once, instead of from inside
-    its ``__init__`` through jsonargparse's dump of every type it tried."""
-    cls = class_at(policy.get("class_path"))
-    check = getattr(cls, "config_problems", None)
-    return check(with_defaults(cls, policy.get("init_args"))) if callable(check) else []
+def built_problems(method: BaseModule, data: Any, world: int, max_steps: Optional[int]) -> list[str]:
+    """Problems of the built method against the data options (the data module, or its parsed options) over
+    ``world`` processes, before any weight loads: every problem of the method's options (``all_problems()``), the
+    batch geometry (samples per rollout: the method's ``rollout_cost()``, once its options are sound) and the
+    optimizer steps against ``trainer.max_steps``."""
+    problems = method.all_problems()
+    samples = 1 if problems else method.rollout_cost()[0]
+    problems += layout_problems(data, type(method), world, samples)
+    if not problems:
+        problems += schedule_problems(method, max_steps, layout(data, world, samples).local_batch_size)
+    return problems
+
+
+def method_without_policy(cls: type, init_args: Any) -> BaseModule:
+    """Method ``cls`` built from its parsed ``init_args`` (nested classes built by jsonargparse) without its policy,
+    which could not be built: in its place the options the config gives it that the method's checks read (``lora``,
+    Wan's ``guidance_scale_2``); the checks that need its configs (prediction, guidance kind) are left out. Raises
+    :class:`~flowrl.methods.option_surface.MethodOptionsError`."""
+    init_args = plain(init_args) or {}
+    given = as_dict(as_dict(init_args.get("policy")).get("init_args"))
+    policy = SimpleNamespace(**{k: given[k] for k in ("lora", "guidance_scale_2") if k in given})
+    init_args = {k: v for k, v in init_args.items() if k != "policy"}
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "method", skip={"policy"}, instantiate=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # jsonargparse deprecates instantiate_classes (LightningCLI's call too)
+        options = vars(parser.instantiate_classes(parser.parse_object({"method": init_args})).method)
+    return cls(policy, **options)
+
+
+def unbuilt_problems(config: Any, method_problems: Optional[list[str]] = None) -> list[str]:
+    """:func:`built_problems` of a ``fit`` config whose run could not be built: ``method_problems`` where the method
+    refused its options, else (a policy refused, a model folder missing) those of the method built without its
+    policy (:func:`method_without_policy`); the data and the processes read off the config."""
+    model, trainer = as_dict(config.get("model")), as_dict(config.get("trainer"))
+    cls = class_at(model.get("class_path")) or BaseModule
+    data, world = with_defaults(PromptDataModule, config.get("data")), world_size(trainer) or 1
+    if method_problems is None:
+        try:
+            method = method_without_policy(cls, model.get("init_args"))
+            return built_problems(method, data, world, trainer.get("max_steps", -1))
+        except MethodOptionsError as err:
+            method_problems = err.problems
+        except (TypeError, ValueError, ArgumentError):  # options only the run's own parse resolves: not checked here
+            method_problems = []
+    return method_problems + layout_problems(data, cls, world)
+
+
+def layout(data: Any, world: int, samples: int = 1) -> GroupLayout:
+    """The groups of one batch over ``world`` processes (``data``: the data module, or its parsed options)."""
+    get = data.get if isinstance(data, dict) else lambda key: getattr(data, key)
+    return GroupLayout(1, get("num_groups"), get("group_size"), world, get("spread_groups"),
+                       samples_per_rollout=samples)
+
+
+def layout_problems(data: Any, method: type, world: int, samples: int = 1) -> list[str]:
+    """Problems of the batch geometry of method class ``method`` (``samples``: what one rollout scores)."""
+    return layout(data, world, samples).problems(getattr(method, "min_group_size", 2), method.__name__)
 
 
 def _count_prompts(source: Any) -> int:
@@ -106,29 +152,29 @@ def world_size(trainer: dict) -> Optional[int]:
     return devices * nodes if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) else None
 
 
-def schedule_problems(options: dict, trainer: dict, local_batch_size: int) -> list[str]:
-    """Optimizer steps per batch against ``trainer.max_steps`` and against what one rank's batch can be split into.
-    ``options``: the method's bound options (every one, defaults filled in); a method without minibatches or inner
-    epochs takes one optimizer step per batch.
+def schedule_problems(method: Any, max_steps: Optional[int], local_batch_size: int) -> list[str]:
+    """Optimizer steps per batch of ``method`` (its ``num_inner_epochs`` x ``num_minibatches``; one for a method
+    without them) against ``trainer.max_steps`` and against what one rank's batch can be split into.
 
-    >>> schedule_problems({"num_minibatches": 2, "num_steps": 10}, {"max_steps": 3}, 8)  # doctest: +ELLIPSIS
+    >>> from types import SimpleNamespace as N
+    >>> schedule_problems(N(num_minibatches=2, num_steps=10), 3, 8)  # doctest: +ELLIPSIS
     ['trainer.max_steps=3 is not a multiple of the 2 optimizer steps ... use 2 or 4']
-    >>> schedule_problems({"num_minibatches": 1000, "num_steps": 4}, {"max_steps": 2000}, 8)[0][:65]
+    >>> schedule_problems(N(num_minibatches=1000, num_steps=4), 2000, 8)[0][:65]
     'model.num_minibatches=1000 exceeds the at most 32 trained (sample'
     """
     problems = []
-    per_batch = options.get("num_inner_epochs", 1) * options.get("num_minibatches", 1)
-    max_steps = trainer.get("max_steps", -1)
+    minibatches, num_steps = getattr(method, "num_minibatches", 1), method.num_steps
+    per_batch = getattr(method, "num_inner_epochs", 1) * minibatches
     if isinstance(max_steps, int) and max_steps > 0 and per_batch > 0 and max_steps % per_batch:
         lower, upper = max_steps // per_batch * per_batch, -(-max_steps // per_batch) * per_batch
         problems.append(f"trainer.max_steps={max_steps} is not a multiple of the {per_batch} optimizer steps each "
                         f"batch takes (model.num_inner_epochs x model.num_minibatches), so the run would stop "
                         f"after {upper}; use {' or '.join(str(v) for v in sorted({lower, upper}) if v > 0)}")
-    pairs = local_batch_size * options["num_steps"]  # an upper bound: every step of every sample trained
-    if options.get("num_minibatches", 1) > pairs > 0:
-        problems.append(f"model.num_minibatches={options['num_minibatches']} exceeds the at most {pairs} trained "
-                        f"(sample, step) pairs of one rank's batch ({local_batch_size} samples x "
-                        f"{options['num_steps']} steps); each minibatch needs at least one, so lower it")
+    pairs = local_batch_size * num_steps  # an upper bound: every step of every sample trained
+    if minibatches > pairs > 0:
+        problems.append(f"model.num_minibatches={minibatches} exceeds the at most {pairs} trained (sample, step) "
+                        f"pairs of one rank's batch ({local_batch_size} samples x {num_steps} steps); each minibatch "
+                        "needs at least one, so lower it")
     return problems
 
 

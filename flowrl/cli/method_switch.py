@@ -97,7 +97,7 @@ def method_switch(args: list[str]) -> Switch:
         return Switch(list(args), model, None)
     model, dropped = {"class_path": switched, "init_args": dict(model.get("init_args") or {})}, []
     cls = class_at(switched)
-    if cls is not None and hasattr(cls, "check_options"):  # a flowrl method: the parser names anything else
+    if cls is not None and hasattr(cls, "all_problems"):  # a flowrl method: the parser names anything else
         dropped = sorted(set(model["init_args"]) - set(declared_options(cls)))
         for key in dropped:
             del model["init_args"][key]
@@ -137,7 +137,7 @@ def unknown_option_problems(model: dict) -> list[str]:
     'model.class_path=flowrl.methods.TreeRPO has no option timestep_fraction, which the'
     """
     cls = class_at(model.get("class_path"))
-    if cls is None or not hasattr(cls, "check_options"):
+    if cls is None or not hasattr(cls, "all_problems"):
         return []  # not a flowrl method (or not importable): the parser names it
     lacking = sorted(set(model.get("init_args") or {}) - set(declared_options(cls)))
     if not lacking:

@@ -34,7 +34,7 @@ def _declared(section: str, model: dict) -> Optional[tuple[str, dict]]:
         ((model.get("init_args") or {}).get("policy") or {}).get("class_path")
         if isinstance((model.get("init_args") or {}).get("policy"), dict) else None)
     cls = class_at(path)
-    if cls is None or (section == "model" and not hasattr(cls, "check_options")):
+    if cls is None or (section == "model" and not hasattr(cls, "all_problems")):
         return None  # not importable (the parser names it) or not a flowrl method
     return path, declared_options(cls)
 

@@ -21,8 +21,8 @@ The layers, from the bottom, each the parent of the next (only ``BaseModule``'s 
   chunks) -> the batch gathered from every rank (:class:`~flowrl.methods.batch.Batch`) -> aggregated rewards ->
   hooks on it (step rewards, advantages, loss weights, supervised weights; computed once, the same on every rank)
   -> the method's ``update`` -> the same core metrics for every method. The options every method has are declared
-  here, and every option of the method is checked when its ``__init__`` starts, before a subclass's ``__init__`` has
-  done more than call it (:mod:`~flowrl.methods.option_surface`).
+  here; every option is an attribute, each class's ``problems()`` states its rules, and they are checked together
+  when the most derived ``__init__`` returns, before any weight loads (:mod:`~flowrl.methods.option_surface`).
 - :class:`~flowrl.methods.policy_gradient.PolicyGradient`: SDE rollouts, credit on the stochastic steps, and the
   PPO update (:class:`~flowrl.training.ppo_update.PPOUpdate`: minibatches drawn over every rank, micro-batches with
   one gradient sync each, clipping through the strategy, ratio check, log-prob recomputation, KL).

@@ -60,15 +60,15 @@ class AWM(ForwardProcess):
         self.policy.add_adapter("velocity_ema", self.policy.lora, trainable=False)
         follow(self.policy, "velocity_ema", "default", 0.0)  # a copy
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        rules = {"weighting": (o.weighting in AWM_WEIGHTINGS, f"one of {list(AWM_WEIGHTINGS)}"),
-                 "ghuber_power": (o.ghuber_power > 0, "> 0 (theirs: 0.25)"),
-                 "clip_range": (0 <= o.clip_range <= 1, "in [0, 1] (theirs: 1)"),
-                 "advantage_max": (o.advantage_max is None or o.advantage_max > 0, "> 0 or null"),
-                 "num_train_times": (1 <= o.num_train_times, ">= 1 (theirs: 6)"),
-                 "ema_beta": (o.ema_beta >= 0, ">= 0 (theirs: 1)")}
-        return [f"model.{key}={getattr(o, key)!r} must be {what}" for key, (ok, what) in rules.items() if not ok]
+    def problems(self) -> list[str]:
+        rules = {"weighting": (self.weighting in AWM_WEIGHTINGS, f"one of {list(AWM_WEIGHTINGS)}"),
+                 "ghuber_power": (self.ghuber_power > 0, "> 0 (theirs: 0.25)"),
+                 "clip_range": (0 <= self.clip_range <= 1, "in [0, 1] (theirs: 1)"),
+                 "advantage_max": (self.advantage_max is None or self.advantage_max > 0, "> 0 or null"),
+                 "num_train_times": (1 <= self.num_train_times, ">= 1 (theirs: 6)"),
+                 "ema_beta": (self.ema_beta >= 0, ">= 0 (theirs: 1)")}
+        return super().problems() + [f"model.{key}={getattr(self, key)!r} must be {what}"
+                                     for key, (ok, what) in rules.items() if not ok]
 
     def sample_targets(self, advantages: Tensor, valid: Tensor) -> Tensor:
         """The rescaled advantages (0 where no reward)."""

@@ -10,30 +10,29 @@ One training step, for every method (:meth:`BaseModule.training_step`):
 Policy-gradient methods (:class:`~flowrl.methods.policy_gradient.PolicyGradient`) update with PPO; TDM-R1 and
 DiffusionNFT override :meth:`~BaseModule.update` on named adapters and keep the rest. A hook takes the gathered
 :class:`~flowrl.methods.batch.Batch` and returns a tensor, or a tensor and diagnostics to log; hooks never
-communicate and never change state behind the loop. Every option is checked (:mod:`flowrl.methods.option_surface`)
-when this class's ``__init__`` starts, before any subclass has done more than call it, so a bad value fails naming
-its key however the method is built.
+communicate and never change state behind the loop. Every option is an attribute, set once in ``__init__``; each
+class states its rules in ``problems()`` (:mod:`flowrl.methods.option_surface`), and they are checked together when
+the most derived ``__init__`` returns (:class:`CheckedOnBuild`), before any weight loads (``configure_model``), so a
+bad value fails naming its key however the method is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import time
 from typing import Any, Optional
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
-from lightning.pytorch.utilities.parsing import collect_init_args
 from torch import Tensor
 
 from flowrl import advantages as adv_lib
 from flowrl.checkpoints.atomic import use_atomic_saves
 from flowrl.checkpoints.fit import load_mismatch, method_path
 from flowrl.methods.batch import GATHERED, Batch, hook_value
-from flowrl.methods.option_surface import (at_least, checked_options, guidance_scale_problems, optimizer_problems,
-                                           guidance_gate_problems, policy_guidance_scales)
-from flowrl.methods.trained_pairs import UntrainedBatches, trained_pairs
+from flowrl.methods.option_surface import (MethodOptionsError, at_least, guidance_gate_problems,
+                                           guidance_scale_problems, optimizer_problems, policy_guidance_scales)
+from flowrl.methods.trained_pairs import UntrainedBatches, trained_pairs, untrained_problems
 from flowrl.methods.trajectories import Trajectories
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
@@ -46,7 +45,18 @@ from flowrl.strategies.fsdp2 import load_for_strategy
 from flowrl.training.nonfinite import NonfiniteSteps
 
 
-class BaseModule(Trajectories):
+class CheckedOnBuild(type):
+    """Checks a method's options once its most derived ``__init__`` has returned (every class has set its options as
+    attributes by then, and no weight has loaded: weights load in ``configure_model``). A class cannot do it at the end
+    of its own ``__init__``, which a subclass's runs around; jsonargparse still reads each ``__init__``'s signature."""
+
+    def __call__(cls, *args: Any, **kwargs: Any):
+        module = super().__call__(*args, **kwargs)
+        module.check()
+        return module
+
+
+class BaseModule(Trajectories, metaclass=CheckedOnBuild):
     """Options every method has (all appear in ``python -m flowrl fit --help``).
 
     Args:
@@ -83,54 +93,61 @@ class BaseModule(Trajectories):
                  sample_chunk_size: Optional[int] = None, optimizer: OptimizerCallable = torch.optim.AdamW,
                  max_grad_norm: Optional[float] = 1.0, max_nonfinite_steps: int = 3, max_untrained_batches: int = 3,
                  seed: int = 0):
-        # the arguments of every __init__ of the chain (as Lightning's save_hyperparameters collects them): every option
-        # of the method is checked here, before any subclass's __init__ has done more than call this one
-        given: dict[str, Any] = {}
-        for level in collect_init_args(inspect.currentframe(), []):  # this class first, the most derived last
-            given.update(level)
-        options = checked_options(type(self), (), given)
         super().__init__()
-        self.options = options  # every option's value, as declared (a tree's shape and a rollout's cost read them)
         self.automatic_optimization = False
         self.policy = policy
-        self.num_steps, self.eval_num_steps = num_steps, eval_num_steps or num_steps
+        self.num_steps, self.eval_num_steps = num_steps, eval_num_steps
         self.guidance_scale, self.optimizer_factory = guidance_scale, optimizer
-        self.advantage, self.advantage_options = advantage, dict(advantage_options or {})
+        self.advantage, self.advantage_options = advantage, advantage_options
         self.reward_aggregation, self.sample_chunk_size = reward_aggregation, sample_chunk_size
         self.max_grad_norm, self.seed = max_grad_norm, seed
+        self.max_nonfinite_steps, self.max_untrained_batches = max_nonfinite_steps, max_untrained_batches
         self.nonfinite = NonfiniteSteps(max_nonfinite_steps)  # checkpointed
         self.untrained = UntrainedBatches(max_untrained_batches)  # checkpointed
-        self.step_kind = ODE_STEPS[policy.prediction]  # training rollouts: the ODE unless a method samples an SDE
+        # training rollouts: the ODE unless a method samples an SDE (a policy of None: a check of options alone)
+        self.step_kind = ODE_STEPS[getattr(policy, "prediction", "velocity")]
         self.completions: Optional[Completions] = None  # dense step-reward methods set one
         self.unlogged_evaluations = 0.0  # evaluations spent outside rollouts (calibration), counted at the next log
         self.weights_loaded = False  # configure_model loads them (load_weights)
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = at_least(o, 1, ("num_steps", "eval_num_steps", "max_nonfinite_steps", "max_untrained_batches",
-                                   "sample_chunk_size"))
-        problems += at_least(o, 0, ("max_grad_norm",), strict=True, hint=" (or null: no clipping)")
+    def problems(self) -> list[str]:
+        """Every problem of this class's options, each naming its key and fix; a subclass adds its own to
+        ``super().problems()`` (base first). Reads the attributes and the built policy's configs, no weight."""
+        problems = at_least(self, 1, ("num_steps", "eval_num_steps", "max_nonfinite_steps", "max_untrained_batches",
+                                      "sample_chunk_size"))
+        problems += at_least(self, 0, ("max_grad_norm",), strict=True, hint=" (or null: no clipping)")
         try:
-            adv_lib.resolve(o.advantage, **(o.advantage_options or {}))
+            adv_lib.resolve(self.advantage, **(self.advantage_options or {}))
         except ValueError as err:
             problems.append(f"model.advantage: {err}")
-        if o.reward_aggregation not in AGGREGATIONS:
-            problems.append(f"model.reward_aggregation={o.reward_aggregation!r}: choose one of {sorted(AGGREGATIONS)}")
-        elif cls.raw_rewards and o.reward_aggregation != "sum":
-            problems.append(f"model.reward_aggregation={o.reward_aggregation!r}: {cls.__name__} takes differences of "
-                            "raw weighted rewards along a trajectory; use reward_aggregation: sum")
-        problems += guidance_scale_problems(o.policy, o.guidance_scale)
-        for key, scale in policy_guidance_scales(o.policy).items():  # Wan 2.2's second expert's
-            problems += guidance_scale_problems(o.policy, scale, key)
-            problems += guidance_gate_problems(o.guidance_scale, key, scale)
-        return problems + optimizer_problems(o.optimizer)
+        name, aggregation = type(self).__name__, self.reward_aggregation
+        if aggregation not in AGGREGATIONS:
+            problems.append(f"model.reward_aggregation={aggregation!r}: choose one of {sorted(AGGREGATIONS)}")
+        elif self.raw_rewards and aggregation != "sum":
+            problems.append(f"model.reward_aggregation={aggregation!r}: {name} takes differences of raw weighted "
+                            "rewards along a trajectory; use reward_aggregation: sum")
+        problems += guidance_scale_problems(self.policy, self.guidance_scale)
+        for key, scale in policy_guidance_scales(self.policy).items():  # Wan 2.2's second expert's
+            problems += guidance_scale_problems(self.policy, scale, key)
+            problems += guidance_gate_problems(self.guidance_scale, key, scale)
+        return problems + optimizer_problems(self.optimizer_factory)
 
-    @classmethod
-    def rollout_cost(cls, o) -> tuple[int, int]:
-        """``(samples, model evaluations)`` of one rollout (one seed) with options ``o``: a trajectory of ``T``
-        steps by default; a tree's leaves, completions included (a CFG pair counted once). The data layout (how many
-        seeds make ``data.group_size`` samples), the checks before loading and the run header read it."""
-        return 1, o.num_steps
+    def all_problems(self) -> list[str]:
+        """:meth:`problems`, then (when there are none) the rule every method shares, that a batch trains some
+        (sample, step) pair (:func:`~flowrl.methods.trained_pairs.untrained_problems`)."""
+        return self.problems() or untrained_problems(self)
+
+    def check(self) -> None:
+        """Raise :meth:`all_problems` together (:class:`~flowrl.methods.option_surface.MethodOptionsError`), if any.
+        Runs when the method is built (:class:`CheckedOnBuild`)."""
+        if problems := self.all_problems():
+            raise MethodOptionsError(problems)
+
+    def rollout_cost(self) -> tuple[int, int]:
+        """``(samples, model evaluations)`` of one rollout (one seed): a trajectory of ``T`` steps by default; a
+        tree's leaves, completions included (a CFG pair counted once). The data layout (how many seeds make
+        ``data.group_size`` samples), the checks before loading and the run header read it."""
+        return 1, self.num_steps
 
     def configure_optimizers(self):
         return self.optimizer_factory(self.policy.trainable_parameters())
@@ -290,7 +307,7 @@ class BaseModule(Trajectories):
         out = torch.zeros_like(batch.step_rewards)
         out[valid] = adv_lib.compute(self.advantage, batch.step_rewards[valid], batch.train_mask[valid],
                                      self.advantage_groups(batch)[valid], log_probs=batch.log_probs[valid],
-                                     **self.advantage_options, **extra)
+                                     **(self.advantage_options or {}), **extra)
         return out
 
     def advantage_groups(self, batch: Batch) -> Tensor:

@@ -90,41 +90,41 @@ class BranchGRPO(TreeMethod):
                  advantage: str = "tree@branch_grpo", step_kind: str = "dance", noise_level: float = 0.3,
                  **kwargs: Any):
         super().__init__(policy, advantage=advantage, step_kind=step_kind, noise_level=noise_level, **kwargs)
-        self.split_steps = split_steps_of(self.num_steps, split_steps)
+        self.split_steps = split_steps
         self.branches, self.split_noise_scale = branches, split_noise_scale
         self.width_pruning, self.width_pruning_count = width_pruning, width_pruning_count
-        self.depth_pruning, self.mix_window = sorted(depth_pruning or []), mix_window
+        self.depth_pruning, self.mix_window = depth_pruning, mix_window
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = []
-        splits = split_steps_of(o.num_steps, o.split_steps)
-        if not splits or splits[0] < 0 or splits[-1] >= o.num_steps or len(set(splits)) != len(splits):
-            given = (f"model.split_steps={splits}" if o.split_steps is not None else
-                     f"model.split_steps is unset, and its default at num_steps={o.num_steps} is {splits}")
-            example = list(range(min(o.num_steps, 4)))
-            problems.append(f"{given}: set distinct steps in [0, {o.num_steps}), e.g. {example}")
-        if why := depth_pruning_problem(list(o.depth_pruning or []), o.num_steps):
+    def splitting_steps(self) -> list[int]:
+        """The steps that split (:func:`split_steps_of` of the options)."""
+        return split_steps_of(self.num_steps, self.split_steps)
+
+    def problems(self) -> list[str]:
+        problems, T, splits = super().problems(), self.num_steps, self.splitting_steps()
+        if not splits or splits[0] < 0 or splits[-1] >= T or len(set(splits)) != len(splits):
+            given = (f"model.split_steps={splits}" if self.split_steps is not None else
+                     f"model.split_steps is unset, and its default at num_steps={T} is {splits}")
+            example = list(range(min(T, 4)))
+            problems.append(f"{given}: set distinct steps in [0, {T}), e.g. {example}")
+        if why := depth_pruning_problem(list(self.depth_pruning or []), T):
             problems.append(why)
-        problems += at_least(o, 2, ("branches",)) + at_least(o, 0, ("split_noise_scale",), strict=True)
-        problems += at_least(o, 1, ("width_pruning_count",)) + at_least(o, 1, ("mix_window",), hint=" (or null)")
-        if o.width_pruning not in WIDTH_PRUNING:
-            problems.append(f"model.width_pruning={o.width_pruning!r}: choose one of {WIDTH_PRUNING}")
+        problems += at_least(self, 2, ("branches",)) + at_least(self, 0, ("split_noise_scale",), strict=True)
+        problems += at_least(self, 1, ("width_pruning_count",)) + at_least(self, 1, ("mix_window",), hint=" (or null)")
+        if self.width_pruning not in WIDTH_PRUNING:
+            problems.append(f"model.width_pruning={self.width_pruning!r}: choose one of {WIDTH_PRUNING}")
         return problems
 
-    @classmethod
-    def shape_of(cls, o, batch: int = 0) -> TreeShape:
-        T, splits = o.num_steps, split_steps_of(o.num_steps, o.split_steps)
-        sde = [True] * T if o.mix_window is None else [any(s <= k < s + o.mix_window for s in splits) for k in range(T)]
-        return TreeShape(splits=tuple(o.branches if k in splits else 1 for k in range(T)), sde=tuple(sde),
+    def shape_of(self, batch: int = 0) -> TreeShape:
+        T, splits, window = self.num_steps, self.splitting_steps(), self.mix_window
+        sde = [True] * T if window is None else [any(s <= k < s + window for s in splits) for k in range(T)]
+        return TreeShape(splits=tuple(self.branches if k in splits else 1 for k in range(T)), sde=tuple(sde),
                          side=(0,) * T, stop=T,
-                         noise_scale=tuple(o.split_noise_scale if k in splits else 1.0 for k in range(T)))
+                         noise_scale=tuple(self.split_noise_scale if k in splits else 1.0 for k in range(T)))
 
-    @classmethod
-    def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
         """Every stochastic step but the ``depth_pruning`` ones."""
-        mask = trained_steps(sde_mask, 1.0, sigmas, o.step_kind)
-        mask[sorted(o.depth_pruning or [])] = False
+        mask = trained_steps(sde_mask, 1.0, sigmas, self.step_kind)
+        mask[sorted(self.depth_pruning or [])] = False
         return mask
 
     def loss_weights(self, batch: Batch) -> Tensor:
@@ -132,7 +132,7 @@ class BranchGRPO(TreeMethod):
         weights = torch.ones_like(batch.log_probs)
         if self.width_pruning == "none":
             return weights
-        last = max(self.split_steps)  # leaves are grouped by the node they split from at the last split
+        last = max(self.splitting_steps())  # leaves are grouped by the node they split from at the last split
         kept = kept_leaves(self.width_pruning, torch.where(batch.valid, batch.total, -torch.inf), batch.seeds,
                            batch.node_ids[:, last - 1] if last > 0 else batch.seeds, self.width_pruning_count)
         steps = torch.arange(batch.num_steps, device=weights.device).expand_as(batch.node_ids)

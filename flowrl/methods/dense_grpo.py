@@ -13,6 +13,7 @@ so advantages are computed on the global batch as for every method.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Optional
 
 import torch
@@ -52,30 +53,41 @@ class DenseGRPO(FlowGRPO):
                  **kwargs: Any):
         # **kwargs passed on unchanged: jsonargparse reads Flow-GRPO's signature through it (--help, YAML checks)
         super().__init__(policy, advantage=advantage, **kwargs)
+        self.completion_steps, self.completion_chunk_size = completion_steps, completion_chunk_size
+        self.reward_chunk_size = reward_chunk_size
         self.completions = Completions(completion_steps, completion_chunk_size, reward_chunk_size)
         self.calibration = calibration
-        factors = noise_scale_factors(policy.sigmas(self.num_steps).float(), self.step_kind)
-        self.noise_factors = factors  # [T]
-        self.noise_scales = self.noise_level * factors  # [T] psi(k), Flow-GRPO's s_k until calibrated
         self.calibrated = False
 
-    @classmethod
-    def rollout_cost(cls, o) -> tuple[int, int]:
-        """``T`` sampling evaluations and the completions of every state before a step (65 at ``T = 10``)."""
-        completions = Completions(o.completion_steps).evaluations(list(range(o.num_steps)), o.num_steps)
-        return 1, o.num_steps + completions
+    @cached_property
+    def noise_factors(self) -> Tensor:
+        """``[T]`` each step's noise scale per unit of ``noise_level`` on the policy's schedule (read on first use:
+        the schedule is the policy's configs', the options checked by then)."""
+        return noise_scale_factors(self.policy.sigmas(self.num_steps).float(), self.step_kind)
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = Completions(o.completion_steps, o.completion_chunk_size, o.reward_chunk_size).problems()
-        calibration = NoiseCalibration(**o.calibration) if isinstance(o.calibration, dict) else o.calibration
+    @cached_property
+    def noise_scales(self) -> Tensor:
+        """``[T]`` psi(k): Flow-GRPO's s_k until calibrated (a checkpoint's once resumed)."""
+        return self.noise_level * self.noise_factors
+
+    def rollout_cost(self) -> tuple[int, int]:
+        """``T`` sampling evaluations and the completions of every state before a step (65 at ``T = 10``)."""
+        T = self.num_steps
+        return 1, T + Completions(self.completion_steps).evaluations(list(range(T)), T)
+
+    def problems(self) -> list[str]:
+        problems = super().problems() + self.completions.problems()
+        calibration = self.calibration
+        if isinstance(calibration, dict):  # given in Python as a mapping
+            calibration = NoiseCalibration(**calibration)
         if calibration is None:
             return problems
         rise = calibration.iterations * calibration.eps2  # the most calibration can add to a step's noise scale
-        if (bound := MAX_NOISE_LEVEL.get(o.step_kind)) is not None and o.noise_level <= bound < o.noise_level + rise:
-            problems.append(f"model.calibration may raise the {o.step_kind} step's noise level (model.noise_level="
-                            f"{o.noise_level}) by up to iterations x eps2 = {rise:g}, past {bound:g}, where the step "
-                            f"is undefined; set model.noise_level <= {bound - rise:g} or calibration: null")
+        level, kind = self.noise_level, self.step_kind
+        if (bound := MAX_NOISE_LEVEL.get(kind)) is not None and level <= bound < level + rise:
+            problems.append(f"model.calibration may raise the {kind} step's noise level (model.noise_level={level}) "
+                            f"by up to iterations x eps2 = {rise:g}, past {bound:g}, where the step is undefined; set "
+                            f"model.noise_level <= {bound - rise:g} or calibration: null")
         return problems + calibration.problems()
 
     # -- hooks ---------------------------------------------------------------------------------------------
@@ -102,7 +114,7 @@ class DenseGRPO(FlowGRPO):
         :meth:`rollout_cost` each (0 once calibrated, or without calibration); the run header counts them."""
         if self.calibration is None or self.calibrated:
             return 0
-        samples, evaluations = self.rollout_cost(self.options)
+        samples, evaluations = self.rollout_cost()
         return self.calibration.iterations * self.calibration.samples * evaluations // samples
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:

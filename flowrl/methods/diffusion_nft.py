@@ -63,11 +63,10 @@ class DiffusionNFT(ForwardProcess):
                          **kwargs)
         self.nft_beta, self.advantage_mode = nft_beta, advantage_mode
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = at_least(o, 0, ("nft_beta",), strict=True)
-        if o.advantage_mode not in ADVANTAGE_MODES:
-            problems.append(f"model.advantage_mode={o.advantage_mode!r}: choose one of {list(ADVANTAGE_MODES)}")
+    def problems(self) -> list[str]:
+        problems = super().problems() + at_least(self, 0, ("nft_beta",), strict=True)
+        if self.advantage_mode not in ADVANTAGE_MODES:
+            problems.append(f"model.advantage_mode={self.advantage_mode!r}: choose one of {list(ADVANTAGE_MODES)}")
         return problems
 
     def sample_targets(self, advantages: Tensor, valid: Tensor) -> Tensor:

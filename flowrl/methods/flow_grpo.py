@@ -81,48 +81,48 @@ class FlowGRPO(PolicyGradient):
         self.flash_pool, self.flash_noise, self.rectify = flash_pool, flash_noise, rectify
         self.train_chunks, self.chunk_weighting = train_chunks, chunk_weighting
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = fraction_problems(o.timestep_fraction) + at_least(o, 1, ("sde_window",), hint=" (or null)")
-        problems += at_least(o, 1, ("window_shift_every",))
-        if o.window_strategy not in WINDOW_STRATEGIES:
-            problems.append(f"model.window_strategy={o.window_strategy!r}: choose one of {list(WINDOW_STRATEGIES)}")
-        low, high = o.window_range or (0, o.num_steps - 2)
-        if o.sde_window is not None and not 0 <= low < high <= o.num_steps:
-            problems.append(f"model.window_range=[{low}, {high}) must lie in the {o.num_steps} steps with low < high")
-        if o.flash_pool is not None and not (o.flash_pool and all(0 <= k < o.num_steps for k in o.flash_pool)):
-            problems.append(f"model.flash_pool={o.flash_pool} must list steps in [0, {o.num_steps})")
-        if o.flash_pool is not None and o.sde_window is not None:
+    def problems(self) -> list[str]:
+        problems = super().problems() + fraction_problems(self.timestep_fraction)
+        problems += at_least(self, 1, ("sde_window",), hint=" (or null)") + at_least(self, 1, ("window_shift_every",))
+        T, strategy, pool = self.num_steps, self.window_strategy, self.flash_pool
+        if strategy not in WINDOW_STRATEGIES:
+            problems.append(f"model.window_strategy={strategy!r}: choose one of {list(WINDOW_STRATEGIES)}")
+        low, high = self.window_range or (0, T - 2)
+        if self.sde_window is not None and not 0 <= low < high <= T:
+            problems.append(f"model.window_range=[{low}, {high}) must lie in the {T} steps with low < high")
+        if pool is not None and not (pool and all(0 <= k < T for k in pool)):
+            problems.append(f"model.flash_pool={pool} must list steps in [0, {T})")
+        if self.flash_pool is not None and self.sde_window is not None:
             problems.append("model.flash_pool and model.sde_window both choose the stochastic steps: set one")
-        if o.rectify is not None and (o.rectify not in WEIGHT_SCOPES or o.flash_pool is None):
-            problems.append(f"model.rectify={o.rectify!r}: choose one of {list(WEIGHT_SCOPES)} with a flash_pool "
+        if self.rectify is not None and (self.rectify not in WEIGHT_SCOPES or self.flash_pool is None):
+            problems.append(f"model.rectify={self.rectify!r}: choose one of {list(WEIGHT_SCOPES)} with a flash_pool "
                             "(or null)")
-        return problems + chunk_problems(o)
+        return problems + chunk_problems(self)
 
-    @classmethod
-    def sde_mask(cls, o, batch: int = 0) -> Tensor:
+    def sde_mask(self, batch: int = 0) -> Tensor:
         """The window at ``batch`` (MixGRPO), every pool step (Flash-GRPO: some group draws each), or every step."""
-        if o.sde_window is not None:
-            low, high = o.window_range or (0, o.num_steps - 2)
-            return window_mask(batch, num_steps=o.num_steps, size=o.sde_window, strategy=o.window_strategy,
-                               every=o.window_shift_every, low=low, high=high, seed=o.seed)
-        if o.flash_pool is not None:
-            return torch.isin(torch.arange(o.num_steps), torch.tensor(o.flash_pool))
-        return super().sde_mask(o)
+        if self.sde_window is not None:
+            low, high = self.window_range or (0, self.num_steps - 2)
+            return window_mask(batch, num_steps=self.num_steps, size=self.sde_window,
+                               strategy=self.window_strategy, every=self.window_shift_every, low=low, high=high,
+                               seed=self.seed)
+        if self.flash_pool is not None:
+            return torch.isin(torch.arange(self.num_steps), torch.tensor(self.flash_pool))
+        return super().sde_mask()
 
     def rollout_sde_mask(self, batch: dict) -> Tensor:
         if self.flash_pool is not None:
             steps = group_steps(batch["group_ids"], self.flash_pool, self.seed, self.batches_done())
             return one_step_mask(steps.cpu(), self.num_steps)
-        return self.sde_mask(self.options, self.batches_done())
+        return self.sde_mask(self.batches_done())
 
     def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
         rollout = super().rollout(batch, cond)
         if self.train_chunks is not None:  # each sample's draw from its own seed: the same on any rank
             chunks, T = self.ppo.loss_options["chunks"], self.num_steps
             weights = None if self.chunk_weighting is None else relative_l1_changes(rollout.latents)
-            drawn = [draw_chunks(chunks, T, 1, self.train_chunks,
-                                 torch.Generator().manual_seed((self.seed * 1_000_003 + self.batches_done()) * 1_000_003 + s),
+            batch_seed = (self.seed * 1_000_003 + self.batches_done()) * 1_000_003
+            drawn = [draw_chunks(chunks, T, 1, self.train_chunks, torch.Generator().manual_seed(batch_seed + s),
                                  None if weights is None else weights[i:i + 1].cpu(), self.chunk_weighting or
                                  "normalized") for i, s in enumerate(rollout.seeds.tolist())]
             rollout.train_mask &= torch.cat(drawn).to(rollout.train_mask.device)
@@ -143,12 +143,11 @@ class FlowGRPO(PolicyGradient):
         out[batch.valid] = weights[:, None].expand(-1, out.shape[1])
         return out
 
-    @classmethod
-    def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
-        return trained_steps(sde_mask, o.timestep_fraction, sigmas, o.step_kind)
+    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+        return trained_steps(sde_mask, self.timestep_fraction, sigmas, self.step_kind)
 
 
-def chunk_problems(o) -> list[str]:
+def chunk_problems(o: "FlowGRPO") -> list[str]:
     """GCPO's chunk draw needs the ``chunk_gspo`` loss with a chunk list, a share in (0, 1] and a known weighting."""
     if o.train_chunks is None:
         return [] if o.chunk_weighting is None else ["model.chunk_weighting needs model.train_chunks (or null)"]

@@ -27,7 +27,7 @@ from flowrl.methods.option_surface import at_least, named_adapter_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import branch_seed, fraction_problems, fraction_steps, seeded_noise
-from flowrl.sampling.steps import PREDICTIONS, STEPS
+from flowrl.sampling.steps import ODE_STEPS, PREDICTIONS, STEPS
 from flowrl.training.adapter_steps import adapter_step, backward, follow
 from flowrl.losses.nft import old_decay
 
@@ -81,18 +81,19 @@ class ForwardProcess(BaseModule):
         self.policy.add_adapter(self.named_adapters[0], self.policy.lora, trainable=False)
         follow(self.policy, "old", "default", 0.0)  # a copy
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = named_adapter_problems(o.policy, cls.__name__)
+    def problems(self) -> list[str]:
+        problems = super().problems() + named_adapter_problems(self.policy, type(self).__name__)
         velocity_kinds = sorted(k for k, p in PREDICTIONS.items() if p == "velocity" and k in STEPS)
-        if o.step_kind is not None and o.step_kind not in velocity_kinds:
-            problems.append(f"model.step_kind={o.step_kind!r}: choose a sampler step from {velocity_kinds} (null: the "
-                            "ODE)")
-        problems += at_least(o, 0, ("advantage_clip", "noise_level"), strict=True)
-        problems += at_least(o, 0, ("beta",)) + at_least(o, 1, ("num_minibatches",))
-        problems += at_least(o, 1, ("micro_batch_size",), hint=" (or null: a minibatch's pairs at once)")
-        problems += fraction_problems(o.timestep_fraction)
-        decay = o.old_decay.get("init_args", o.old_decay) if isinstance(o.old_decay, dict) else vars(o.old_decay)
+        own_ode = ODE_STEPS[getattr(self.policy, "prediction", "velocity")]  # what step_kind null samples with
+        if self.step_kind not in velocity_kinds and self.step_kind != own_ode:
+            problems.append(f"model.step_kind={self.step_kind!r}: choose a sampler step from {velocity_kinds} (null: "
+                            "the ODE)")
+        problems += at_least(self, 0, ("advantage_clip", "noise_level"), strict=True)
+        problems += at_least(self, 0, ("beta",)) + at_least(self, 1, ("num_minibatches",))
+        problems += at_least(self, 1, ("micro_batch_size",), hint=" (or null: a minibatch's pairs at once)")
+        problems += fraction_problems(self.timestep_fraction)
+        decay = (self.old_decay.get("init_args", self.old_decay) if isinstance(self.old_decay, dict)
+                 else vars(self.old_decay))
         if not (decay.get("delay", 0) >= 0 and decay.get("rate", 0) >= 0 and 0 <= decay.get("limit", 0) < 1):
             problems.append(f"model.old_decay={decay}: need delay >= 0, rate >= 0 and 0 <= limit < 1 (DiffusionNFT's "
                             "type 1: {delay: 0, rate: 0.001, limit: 0.5})")

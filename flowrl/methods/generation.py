@@ -83,7 +83,7 @@ class Generation(LightningModule):
         ``eval_num_steps`` steps by default, ``guidance_scale``): the policy's own solver where its folder ships one
         (:meth:`~flowrl.policies.base.FlowPolicy.solver`: Wan's UniPC, as its pipeline steps), else flowrl's ODE step
         (Euler; DDIM for SD1.5), which is then the pipeline's."""
-        sigmas = self.policy.sigmas(num_steps or self.eval_num_steps).to(self.device)
+        sigmas = self.policy.sigmas(num_steps or self.eval_num_steps or self.num_steps).to(self.device)
         shape, solver = self.policy.latent_shape(), self.policy.solver()
         if solver is not None:
             return solver_sample(self.velocity_fn(cond), seeds, sigmas, shape, solver, self.device)

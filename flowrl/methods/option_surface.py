@@ -1,58 +1,26 @@
 """A method's options are declared once: each is a parameter of its class's ``__init__``, with its line in that
-class's docstring. Everything else derives from the declaration: ``python -m flowrl fit --help`` (jsonargparse reads
-the signatures and docstrings), the default a check sees, and the checks themselves.
+class's docstring, and each is an attribute of the same name, set once in ``__init__``. Everything else derives from
+the declaration: ``python -m flowrl fit --help`` (jsonargparse reads the signatures and docstrings) and the checks.
 
-A class states its rules in a ``check_options(cls, o)`` classmethod over ``o``, the bound value of every option of the
-method (its own and its bases'), and returns the problems, each naming the key and the fix. :func:`option_problems`
-binds a parsed config's ``init_args`` (or a constructor call's arguments) to the signatures, fills in the defaults and
-runs every class's check, base first: the CLI calls it before any weight loads, and ``BaseModule.__init__`` calls it
-first thing, before any subclass's ``__init__`` has done more than call it (so before a policy grows an adapter), so
-the same rules hold however a method is built. How a config is read before anything is built (the class a
-``class_path`` names, the declared defaults): :mod:`flowrl.config_nodes`.
+A class states its rules in ``problems(self)``, chained through ``super().problems()`` (base first), each problem
+naming the key and the fix; :meth:`~flowrl.methods.base.BaseModule.all_problems` adds the rule every method shares
+(a batch trains some (sample, step) pair, :mod:`flowrl.methods.trained_pairs`), and a method raises them together
+(:class:`MethodOptionsError`) when its most derived ``__init__`` returns, before any weight loads. The helpers here
+read the built policy (its configs only: building one loads no weight).
 """
 
 from __future__ import annotations
 
-import inspect
 from types import SimpleNamespace
-from typing import Any, Optional
-
-from flowrl.config_nodes import class_at, declared_options, plain
-from flowrl.methods.trained_pairs import untrained_problems
+from typing import Any
 
 
-def bound_options(cls: type, args: tuple = (), kwargs: Optional[dict] = None) -> tuple[SimpleNamespace, list[str]]:
-    """The value of every option of ``cls`` for a call ``cls(*args, **kwargs)`` (or a parsed config's ``init_args``
-    as ``kwargs``): the given ones, the defaults elsewhere; and the problems of keys ``cls`` does not declare."""
-    declared = declared_options(cls)
-    positional = list(declared)[:len(args)]
-    given = {**dict(zip(positional, args)), **(kwargs or {})}
-    unknown = sorted(set(given) - set(declared))
-    problems = [f"model.{key}: {cls.__name__} has no option {key!r}; its options are {sorted(declared)} (`python -m "
-                f"flowrl fit --model.help {cls.__module__}.{cls.__name__}` describes each)" for key in unknown]
-    return SimpleNamespace(**{k: plain(given.get(k, v)) for k, v in declared.items()}), problems
+class MethodOptionsError(ValueError):
+    """Every problem of a method's options, raised together (``problems``: each a line naming its key and fix)."""
 
-
-def option_problems(cls: type, *args: Any, **kwargs: Any) -> list[str]:
-    """Every problem with the options of method ``cls`` given as ``cls(*args, **kwargs)`` would take them: unknown
-    keys, then each class's ``check_options`` along the MRO, base first, then (when those pass) the rule every method
-    shares, that a batch trains some (sample, step) pair (:mod:`flowrl.methods.trained_pairs`). Model-free and
-    weight-free."""
-    options, problems = bound_options(cls, args, kwargs)
-    for klass in reversed(cls.__mro__):
-        check = klass.__dict__.get("check_options")
-        if check is not None:
-            problems += check.__func__(cls, options)
-    if not problems and hasattr(cls, "trained_step_mask"):  # one rule for every method, on options known sound
-        problems += untrained_problems(cls, options, declared_options(cls))
-    return problems
-
-
-def checked_options(cls: type, args: tuple, kwargs: dict) -> SimpleNamespace:
-    """The bound options of ``cls(*args, **kwargs)``; :func:`option_problems` raised together as one ``ValueError``."""
-    if problems := option_problems(cls, *args, **kwargs):
-        raise ValueError("invalid method settings:\n  " + "\n  ".join(problems))
-    return bound_options(cls, args, kwargs)[0]
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid method settings:\n  " + "\n  ".join(self.problems))
 
 
 def at_least(o: SimpleNamespace, low: float, keys: tuple[str, ...], strict: bool = False, hint: str = "") -> list[str]:
@@ -66,63 +34,15 @@ def at_least(o: SimpleNamespace, low: float, keys: tuple[str, ...], strict: bool
     return [f"model.{k}={values[k]} must be {'>' if strict else '>='} {low}{hint}" for k in bad]
 
 
-def policy_prediction(policy: Any) -> Optional[str]:
-    """What a policy's network predicts (``FlowPolicy.prediction``), from the adapter or its parsed config.
-
-    >>> policy_prediction({"class_path": "flowrl.policies.TinyFlowPolicy"}), policy_prediction(None)
-    ('velocity', None)
-    """
-    if hasattr(policy, "prediction") and not isinstance(policy, dict):
-        return policy.prediction
-    return getattr(policy_class(policy), "prediction", None)
-
-
-def policy_class(policy: Any) -> Optional[type]:
-    """The class a parsed policy config names (None: not a config, or no importable dotted ``class_path``)."""
-    return class_at(policy.get("class_path")) if isinstance(policy, dict) else None
-
-
-def policy_guidance(policy: Any) -> Optional[str]:
-    """How the policy guides (``FlowPolicy.guidance_kind``: ``cfg``, ``embedded`` or ``none``), from the adapter or
-    its parsed config (the model folder's configs, no weights); None when unknown.
-
-    >>> policy_guidance({"class_path": "flowrl.policies.TinyFlowPolicy"}), policy_guidance(None)
-    ('cfg', None)
-    """
-    if hasattr(policy, "guidance_kind") and not isinstance(policy, dict):
-        return policy.guidance_kind
-    cls = policy_class(policy)
-    if not hasattr(cls, "guidance_kind_of"):
-        return None
-    declared = inspect.signature(cls.__init__).parameters.get("model")
-    model = (plain(policy.get("init_args")) or {}).get("model", declared.default if declared else None)
-    return cls.guidance_kind_of(model if isinstance(model, str) else None)
-
-
-def policy_trains_lora(policy: Any) -> Optional[bool]:
-    """Whether the policy (an adapter or its parsed config) trains LoRA adapters; None when the config does not say
-    (the adapter's default, LoRA, applies).
-
-    >>> policy_trains_lora({"init_args": {"lora": None}}), policy_trains_lora({"init_args": {}})
-    (False, None)
-    """
-    if hasattr(policy, "lora") and not isinstance(policy, dict):
-        return policy.lora is not None
-    init_args = plain(policy.get("init_args")) if isinstance(policy, dict) else None
-    if isinstance(init_args, dict) and "lora" in init_args:
-        return init_args["lora"] is not None and init_args["lora"] != "None"
-    return None
-
-
 def optimizer_problems(optimizer: Any) -> list[str]:
-    """Problems with the optimizer's parsed ``init_args`` (a learning rate that is not positive), found before the
-    optimizer (or any weight) is built; an already built optimizer factory is not inspected.
+    """Problems with the optimizer factory's learning rate (one that is not positive), read off the factory the parser
+    built (a ``functools.partial`` with its ``init_args`` as keywords), before the optimizer (or any weight) exists.
 
-    >>> optimizer_problems({"class_path": "torch.optim.AdamW", "init_args": {"lr": -1e-3}})  # doctest: +ELLIPSIS
+    >>> import functools, torch
+    >>> optimizer_problems(functools.partial(torch.optim.AdamW, lr=-1e-3))  # doctest: +ELLIPSIS
     ['model.optimizer.init_args.lr=-0.001 must be > 0 ...']
     """
-    init_args = plain(optimizer.get("init_args")) if isinstance(optimizer, dict) else None
-    lr = init_args.get("lr") if isinstance(init_args, dict) else None
+    lr = getattr(optimizer, "keywords", {}).get("lr")
     if isinstance(lr, (int, float)) and not lr > 0:
         return [f"model.optimizer.init_args.lr={lr} must be > 0 (e.g. 3.0e-4 for LoRA, 1.0e-5 for full fine-tuning)"]
     return []
@@ -132,10 +52,10 @@ def named_adapter_problems(policy: Any, method: str) -> list[str]:
     """A method on named LoRA adapters (TDM-R1, DiffusionNFT) needs a policy that trains LoRA (the reference is the
     backbone without adapters) and predicts a velocity (their losses are written for rectified flow)."""
     problems = []
-    if policy_trains_lora(policy) is False:
+    if policy is not None and hasattr(policy, "lora") and policy.lora in (None, "None"):
         problems.append(f"model.init_args.policy.init_args.lora=null: {method} trains named LoRA adapters on one "
                         "backbone (its reference is the backbone without them); set lora, e.g. {rank: 32, alpha: 64}")
-    if (predicts := policy_prediction(policy)) not in (None, "velocity"):
+    if (predicts := getattr(policy, "prediction", None)) not in (None, "velocity"):
         problems.append(f"model.policy predicts {predicts}: {method}'s losses need a flow (velocity) model such as "
                         "SD3Policy, FluxPolicy or TinyFlowPolicy")
     return problems
@@ -153,19 +73,19 @@ def guidance_scale_problems(policy: Any, guidance_scale: float, key: str = "mode
     against it, and the run would learn nothing while exiting 0), and other than 1 on a model without guidance (a
     step-distilled FLUX.2 [klein]: no unconditional side, no guidance input), where it would do nothing.
 
-    >>> guidance_scale_problems({"class_path": "flowrl.policies.TinyFlowPolicy"}, 4.5)
+    >>> guidance_scale_problems(None, 4.5)
     []
-    >>> guidance_scale_problems({"class_path": "flowrl.policies.TinyFlowPolicy"}, 0.0)[0][:60]
+    >>> guidance_scale_problems(None, 0.0)[0][:60]
     'model.guidance_scale=0.0: below 1, classifier-free guidance '
     """
-    kind = policy_guidance(policy)
+    kind = getattr(policy, "guidance_kind", None)
     if kind == "none" and guidance_scale != 1.0:
         return [f"{key}={guidance_scale}: the policy's model is step-distilled without guidance (no unconditional "
                 "side, no guidance input), so guidance would do nothing; set it to 1.0"]
     if guidance_scale >= 1.0:
         return []
-    cls = policy_class(policy) or type(policy)
-    convention = f" ({PIPELINE_SCALES[cls.__name__]})" if cls.__name__ in PIPELINE_SCALES else ""
+    name = type(policy).__name__
+    convention = f" ({PIPELINE_SCALES[name]})" if name in PIPELINE_SCALES else ""
     if kind == "embedded":
         meaning = ("the model's distilled guidance input was trained on the pipeline's scales, which guide above 1; "
                    "below 1 it is outside them")
@@ -180,7 +100,7 @@ def guidance_distillation_problems(policy: Any, teacher_guidance: float, surroga
     """TDM-R1 distils classifier-free guidance into a few-step generator: a guidance-distilled model (guidance an
     input of the transformer) has no CFG pair to distil; a step-distilled one without guidance trains with its CFG
     terms at 1 (the teacher's conditional velocity and the surrogate alone)."""
-    kind = policy_guidance(policy)
+    kind = getattr(policy, "guidance_kind", None)
     if kind == "embedded":
         return ["model.policy: its model is guidance-distilled (FLUX.1 [dev], FLUX.1 Kontext [dev], FLUX.2 [dev]: "
                 "guidance is an input of the transformer, with no unconditional side), and TDM-R1 distils "
@@ -215,10 +135,8 @@ def guidance_gate_problems(guidance_scale: float, key: str, scale: float) -> lis
 def policy_guidance_scales(policy: Any) -> dict[str, float]:
     """Guidance scales the policy itself takes (Wan 2.2's ``guidance_scale_2``), by their config key, where set.
 
-    >>> policy_guidance_scales({"init_args": {"guidance_scale_2": 0.0}})
+    >>> policy_guidance_scales(SimpleNamespace(guidance_scale_2=0.0))
     {'model.init_args.policy.init_args.guidance_scale_2': 0.0}
     """
-    init_args = (plain(policy.get("init_args")) if isinstance(policy, dict)
-                 else {"guidance_scale_2": getattr(policy, "guidance_scale_2", None)})
-    value = init_args.get("guidance_scale_2") if isinstance(init_args, dict) else None
+    value = getattr(policy, "guidance_scale_2", None)
     return {"model.init_args.policy.init_args.guidance_scale_2": value} if isinstance(value, (int, float)) else {}

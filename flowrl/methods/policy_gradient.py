@@ -12,6 +12,7 @@ kind, credits the stochastic steps, and updates with :class:`~flowrl.training.pp
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Optional
 
 import torch
@@ -20,7 +21,7 @@ from torch import Tensor
 from flowrl import losses
 from flowrl.methods.base import BaseModule
 from flowrl.methods.batch import Batch
-from flowrl.methods.option_surface import at_least, policy_prediction
+from flowrl.methods.option_surface import at_least
 from flowrl.policies.base import CFG_GRADIENTS, Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import trained_steps
@@ -71,38 +72,49 @@ class PolicyGradient(BaseModule):
         super().__init__(policy, **kwargs)
         self.step_kind, self.noise_level = step_kind, noise_level
         self.kl_convention, self.cfg_gradient = kl_convention, cfg_gradient
-        loss, options = losses.resolve_policy_loss(loss, **clip_options(loss, clip_range), **(loss_options or {}))
-        self.ppo = PPOUpdate(loss=loss, loss_options=options, beta=beta, num_inner_epochs=num_inner_epochs,
-                             num_minibatches=num_minibatches, micro_batch_size=micro_batch_size,
-                             check_ratio=check_ratio, check_ratio_threshold=check_ratio_threshold,
-                             recompute_log_probs=recompute_log_probs)
+        self.clip_range, self.loss, self.loss_options, self.beta = clip_range, loss, loss_options, beta
+        self.num_inner_epochs, self.num_minibatches = num_inner_epochs, num_minibatches
+        self.micro_batch_size, self.check_ratio = micro_batch_size, check_ratio
+        self.check_ratio_threshold, self.recompute_log_probs = check_ratio_threshold, recompute_log_probs
+
+    @cached_property
+    def ppo(self) -> PPOUpdate:
+        """The PPO update of these options (built on first use: the loss resolves only once the options are
+        checked)."""
+        loss, options = losses.resolve_policy_loss(self.loss, **clip_options(self.loss, self.clip_range),
+                                                   **(self.loss_options or {}))
+        return PPOUpdate(loss=loss, loss_options=options, beta=self.beta, num_inner_epochs=self.num_inner_epochs,
+                         num_minibatches=self.num_minibatches, micro_batch_size=self.micro_batch_size,
+                         check_ratio=self.check_ratio, check_ratio_threshold=self.check_ratio_threshold,
+                         recompute_log_probs=self.recompute_log_probs)
 
     def setup_weights(self) -> None:
         super().setup_weights()
-        if self.ppo.beta > 0:  # the KL's reference: full fine-tuning copies the loaded weights
+        if self.beta > 0:  # the KL's reference: full fine-tuning copies the loaded weights
             self.policy.setup_reference()
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = step_kind_problems(o.step_kind, o.policy)
-        if not o.noise_level > 0:  # also NaN
-            problems.append(f"model.noise_level={o.noise_level} must be > 0: the SDE step's std is proportional to it, "
-                            "and 0 or less gives NaN log-probs (use the ODE for deterministic sampling; 0.7 is "
-                            "Flow-GRPO's)")
-        if o.noise_level > MAX_NOISE_LEVEL.get(o.step_kind, float("inf")):
-            problems.append(f"model.noise_level={o.noise_level} exceeds {MAX_NOISE_LEVEL[o.step_kind]:g}, the largest "
-                            f"the {o.step_kind} step is defined for (DDIM's eta); lower it")
-        problems += at_least(o, 0, ("beta",), hint=" (the KL penalty's coefficient; 0 disables it)")
-        if o.kl_convention not in losses.KL_CONVENTIONS:
-            problems.append(f"model.kl_convention={o.kl_convention!r}: choose one of {list(losses.KL_CONVENTIONS)} "
+    def problems(self) -> list[str]:
+        problems = super().problems() + step_kind_problems(self.step_kind, self.policy)
+        level, kind = self.noise_level, self.step_kind
+        if not level > 0:  # also NaN
+            problems.append(f"model.noise_level={level} must be > 0: the SDE step's std is proportional to it, and 0 "
+                            "or less gives NaN log-probs (use the ODE for deterministic sampling; 0.7 is Flow-GRPO's)")
+        if level > MAX_NOISE_LEVEL.get(kind, float("inf")):
+            problems.append(f"model.noise_level={level} exceeds {MAX_NOISE_LEVEL[kind]:g}, the largest the {kind} step "
+                            "is defined for (DDIM's eta); lower it")
+        problems += at_least(self, 0, ("beta",), hint=" (the KL penalty's coefficient; 0 disables it)")
+        if self.kl_convention not in losses.KL_CONVENTIONS:
+            problems.append(f"model.kl_convention={self.kl_convention!r}: choose one of {list(losses.KL_CONVENTIONS)} "
                             "(the units beta is stated in)")
-        if o.cfg_gradient not in CFG_GRADIENTS:
-            problems.append(f"model.cfg_gradient={o.cfg_gradient!r}: choose one of {list(CFG_GRADIENTS)}")
-        problems += at_least(o, 1, ("num_inner_epochs", "num_minibatches", "micro_batch_size"))
-        if o.loss not in losses.available_policy_losses():
-            return problems + [f"model.loss={o.loss!r}: choose a policy loss from {losses.available_policy_losses()}"]
+        if self.cfg_gradient not in CFG_GRADIENTS:
+            problems.append(f"model.cfg_gradient={self.cfg_gradient!r}: choose one of {list(CFG_GRADIENTS)}")
+        problems += at_least(self, 1, ("num_inner_epochs", "num_minibatches", "micro_batch_size"))
+        if self.loss not in losses.available_policy_losses():
+            return problems + [f"model.loss={self.loss!r}: choose a policy loss from "
+                               f"{losses.available_policy_losses()}"]
         try:
-            losses.resolve_policy_loss(o.loss, **clip_options(o.loss, o.clip_range), **(o.loss_options or {}))
+            losses.resolve_policy_loss(self.loss, **clip_options(self.loss, self.clip_range),
+                                       **(self.loss_options or {}))
         except ValueError as err:
             problems.append(f"model.loss_options: {err}")
         return problems
@@ -113,15 +125,14 @@ class PolicyGradient(BaseModule):
         """Per-step noise scale ``[T]`` (DenseGRPO calibrates it)."""
         return torch.full((self.num_steps,), float(self.noise_level))
 
-    @classmethod
-    def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
         """Which steps the loss trains ``[T]`` (default: every stochastic step with a non-zero std)."""
-        return trained_steps(sde_mask, 1.0, sigmas, o.step_kind)
+        return trained_steps(sde_mask, 1.0, sigmas, self.step_kind)
 
     def batches_done(self) -> int:
         """Rollout batches trained so far (each takes ``num_inner_epochs * num_minibatches`` optimizer steps): the
         iteration a schedule over training reads, the same after a resume."""
-        return self.global_step // (self.ppo.num_inner_epochs * self.ppo.num_minibatches)
+        return self.global_step // (self.num_inner_epochs * self.num_minibatches)
 
     # -- the update ----------------------------------------------------------------------------------------
 
@@ -163,7 +174,7 @@ class PolicyGradient(BaseModule):
         return self.ppo.run(to_train, lambda pairs: self.transition(rollout, cond, pairs),
                             lambda pairs: self.reference_transition(rollout, cond, pairs), self.training_steps(),
                             self.optimizers(), seed=self.seed * 1_000_003 + self.global_step,
-                            check_ratio=self.ppo.check_ratio and self.global_step == 0)
+                            check_ratio=self.check_ratio and self.global_step == 0)
 
 
 def clip_options(loss: str, clip_range: float) -> dict[str, Any]:
@@ -181,11 +192,11 @@ def clip_options(loss: str, clip_range: float) -> dict[str, Any]:
 
 def step_kind_problems(step_kind: str, policy: Any) -> list[str]:
     """``step_kind`` must be an SDE step that reads the model output as the policy predicts it (a velocity for flow
-    models, a noise prediction for SD1.5); ``policy`` is an adapter or its parsed ``{class_path, init_args}``."""
+    models, a noise prediction for SD1.5) by the built ``policy`` (None: not known)."""
     sde_kinds = sorted(set(STEPS) - set(ODE_STEPS.values()))
     if step_kind not in sde_kinds:
         return [f"model.step_kind={step_kind!r}: choose an SDE step from {sde_kinds}"]
-    if (predicts := policy_prediction(policy)) and PREDICTIONS[step_kind] != predicts:
+    if (predicts := getattr(policy, "prediction", None)) and PREDICTIONS[step_kind] != predicts:
         fitting = [k for k in sde_kinds if PREDICTIONS[k] == predicts]
         return [f"model.step_kind={step_kind!r} reads the model output as a {PREDICTIONS[step_kind]}, but the policy "
                 f"predicts {predicts}; choose a step kind from {fitting}"]

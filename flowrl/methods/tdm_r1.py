@@ -93,8 +93,7 @@ class TDMR1(BaseModule):
         self.drift_threshold, self.surrogate_min_sigma = drift_threshold, surrogate_min_sigma
         self.reward_min_sigma, self.time_shift, self.time_weighting = reward_min_sigma, time_shift, time_weighting
         self.micro_batch_size = micro_batch_size
-        self.trunc_steps = num_steps if trunc_steps is None else trunc_steps
-        self.adapter_optimizer_options = dict(adapter_optimizer_options or {})
+        self.trunc_steps, self.adapter_optimizer_options = trunc_steps, adapter_optimizer_options
         self.generator_init = generator_init
 
     def setup_weights(self) -> None:
@@ -109,41 +108,41 @@ class TDMR1(BaseModule):
             load_adapter(policy, "default", self.generator_init)
         follow(policy, "surrogate_old", "surrogate", 0.0)  # a copy
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = named_adapter_problems(o.policy, "TDM-R1")
-        problems += guidance_distillation_problems(o.policy, o.teacher_guidance, o.surrogate_guidance)
-        if o.guidance_scale != 1.0:
-            problems.append(f"model.guidance_scale={o.guidance_scale}: TDM-R1's generator samples without CFG (its "
+    def problems(self) -> list[str]:
+        problems = super().problems() + named_adapter_problems(self.policy, "TDM-R1")
+        problems += guidance_distillation_problems(self.policy, self.teacher_guidance, self.surrogate_guidance)
+        if self.guidance_scale != 1.0:
+            problems.append(f"model.guidance_scale={self.guidance_scale}: TDM-R1's generator samples without CFG (its "
                             "CFG-as-reward term trains the guidance into it); use 1.0 and set model.teacher_guidance")
-        if not 1 <= o.num_train_steps <= o.num_steps:
-            problems.append(f"model.num_train_steps={o.num_train_steps} must be in [1, num_steps={o.num_steps}] (the "
-                            "code: 2 of 4)")
-        if o.trunc_steps is not None and o.trunc_steps > o.num_steps:
-            problems.append(f"model.trunc_steps={o.trunc_steps} exceeds the generator's num_steps={o.num_steps}: every "
-                            f"step already gets the surrogate term at {o.num_steps}; use at most {o.num_steps} (or "
-                            "null: all)")
-        problems += at_least(o, 0, ("trunc_steps", "beta", "drift_threshold"))
-        problems += at_least(o, 0, ("beta_dpo", "clip_range", "time_shift"), strict=True)
-        problems += at_least(o, 1, ("teacher_guidance", "surrogate_guidance"), hint=" (1: no guidance)")
-        problems += at_least(o, 1, ("micro_batch_size",), hint=" (or null: the whole batch at once)")
-        if not 0 <= o.tdm_weight <= 1:
-            problems.append(f"model.tdm_weight={o.tdm_weight} must be in [0, 1] (the code: 0.3)")
+        T, trunc = self.num_steps, self.trunc_steps
+        if not 1 <= self.num_train_steps <= T:
+            problems.append(f"model.num_train_steps={self.num_train_steps} must be in [1, num_steps={T}] (the code: 2 "
+                            "of 4)")
+        if trunc is not None and trunc > T:
+            problems.append(f"model.trunc_steps={trunc} exceeds the generator's num_steps={T}: every step already gets "
+                            f"the surrogate term at {T}; use at most {T} (or null: all)")
+        problems += at_least(self, 0, ("trunc_steps", "beta", "drift_threshold"))
+        problems += at_least(self, 0, ("beta_dpo", "clip_range", "time_shift"), strict=True)
+        problems += at_least(self, 1, ("teacher_guidance", "surrogate_guidance"), hint=" (1: no guidance)")
+        problems += at_least(self, 1, ("micro_batch_size",), hint=" (or null: the whole batch at once)")
+        if not 0 <= self.tdm_weight <= 1:
+            problems.append(f"model.tdm_weight={self.tdm_weight} must be in [0, 1] (the code: 0.3)")
         for key in ("surrogate_min_sigma", "reward_min_sigma"):
-            if not 0 <= getattr(o, key) < 1:
-                problems.append(f"model.{key}={getattr(o, key)} must be in [0, 1): a noise level (the code's t_min / "
+            if not 0 <= getattr(self, key) < 1:
+                problems.append(f"model.{key}={getattr(self, key)} must be in [0, 1): a noise level (the code's t_min / "
                                 "1000)")
-        if unknown := sorted(set(o.adapter_optimizer_options or {}) - set(ADAPTERS)):
+        if unknown := sorted(set(self.adapter_optimizer_options or {}) - set(ADAPTERS)):
             problems.append(f"model.adapter_optimizer_options has options for {unknown}: TDM-R1's trained adapters are "
                             f"{list(ADAPTERS)} (default is the generator)")
-        init = o.generator_init
+        init = self.generator_init
         if init is not None and not init.startswith("flowrl/") and not Path(init).exists():
             problems.append(f"model.generator_init={init!r} does not exist; give a folder with "
                             "pytorch_lora_weights.safetensors (or the file), or null to start from the backbone")
         return problems
 
     def configure_optimizers(self):
-        return adapter_optimizers(self.optimizer_factory, self.policy, list(ADAPTERS), self.adapter_optimizer_options)
+        return adapter_optimizers(self.optimizer_factory, self.policy, list(ADAPTERS),
+                                  self.adapter_optimizer_options or {})
 
     # -- model calls ---------------------------------------------------------------------------------------
 
@@ -275,7 +274,8 @@ class TDMR1(BaseModule):
                     # (a step-distilled model has none)
                     uncond = real if self.teacher_guidance == 1.0 else self.x0(None, z_tau, tau, c.unconditional())
                     targets = {"real_cond": real, "fake": self.x0("fake_score", z_tau, tau, c), "real_uncond": uncond}
-                    if j < self.trunc_steps:  # the surrogate's direction, from noise shared by the group
+                    # the surrogate's direction (trunc_steps null: every step), from noise shared by the group
+                    if self.trunc_steps is None or j < self.trunc_steps:
                         z_s, _, _ = renoise(z_next, sigma_next.expand(n), tau_s.expand(n),
                                             self._noise(r.group_ids[rows], 3, i))
                         targets.update(surrogate=self.x0("surrogate", z_s, tau_s, c, self.surrogate_guidance),

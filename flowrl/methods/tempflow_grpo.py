@@ -66,33 +66,35 @@ class TempFlowGRPO(TreeMethod):
                  **kwargs: Any):
         super().__init__(policy, advantage=advantage, **kwargs)
         self.branches, self.noise_aware = branches, noise_aware
-        self.branch_steps = branch_steps_of(self.num_steps, branch_steps, timestep_fraction)
+        self.branch_steps, self.timestep_fraction = branch_steps, timestep_fraction
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = []
-        if o.branches < 2:
-            problems.append(f"model.branches={o.branches}: step advantages need at least 2 branches per step")
-        if fraction_problems(o.timestep_fraction):
-            return problems + fraction_problems(o.timestep_fraction)
-        if o.branch_steps is None:  # the first floor(T x fraction) steps branch (none: the rule every method shares)
-            steps = branch_steps_of(o.num_steps, None, o.timestep_fraction)
-            if steps and steps[-1] >= o.num_steps - 1:
-                problems.append(f"model.timestep_fraction={o.timestep_fraction} branches on the last of the "
-                                f"{o.num_steps} steps (branch_steps unset: the first floor(T x fraction)), which "
-                                "lands on the image with nothing left to complete; lower it or set branch_steps")
+    def branching_steps(self) -> list[int]:
+        """The steps that branch (:func:`branch_steps_of` of the options)."""
+        return branch_steps_of(self.num_steps, self.branch_steps, self.timestep_fraction)
+
+    def problems(self) -> list[str]:
+        problems, T, fraction = super().problems(), self.num_steps, self.timestep_fraction
+        if self.branches < 2:
+            problems.append(f"model.branches={self.branches}: step advantages need at least 2 branches per step")
+        if fraction_problems(fraction):
+            return problems + fraction_problems(fraction)
+        if self.branch_steps is None:  # the first floor(T x fraction) steps branch (none: the rule every method shares)
+            steps = self.branching_steps()
+            if steps and steps[-1] >= T - 1:
+                problems.append(f"model.timestep_fraction={fraction} branches on the last of the {T} steps "
+                                "(branch_steps unset: the first floor(T x fraction)), which lands on the image with "
+                                "nothing left to complete; lower it or set branch_steps")
             return problems
-        steps = sorted(o.branch_steps)
-        if not steps or steps[0] < 0 or steps[-1] >= o.num_steps - 1 or len(set(steps)) != len(steps):
-            problems.append(f"model.branch_steps={o.branch_steps}: choose distinct steps in [0, {o.num_steps - 1}) (the "
-                            "last step lands on the image: nothing is left to complete; a repeated step would branch "
-                            "twice from one state)")
+        steps = sorted(self.branch_steps)
+        if not steps or steps[0] < 0 or steps[-1] >= T - 1 or len(set(steps)) != len(steps):
+            problems.append(f"model.branch_steps={self.branch_steps}: choose distinct steps in [0, {T - 1}) (the last "
+                            "step lands on the image: nothing is left to complete; a repeated step would branch twice "
+                            "from one state)")
         return problems
 
-    @classmethod
-    def shape_of(cls, o, batch: int = 0) -> TreeShape:
-        T, steps = o.num_steps, branch_steps_of(o.num_steps, o.branch_steps, o.timestep_fraction)
-        side, last = tuple(o.branches if k in steps else 0 for k in range(T)), (steps or [-1])[-1]
+    def shape_of(self, batch: int = 0) -> TreeShape:
+        T, steps = self.num_steps, self.branching_steps()
+        side, last = tuple(self.branches if k in steps else 0 for k in range(T)), (steps or [-1])[-1]
         return TreeShape(splits=(1,) * T, sde=(False,) * T, noise_scale=(1.0,) * T, side=side, stop=last + 1,
                          frontier_leaves=False)
 
@@ -105,7 +107,7 @@ class TempFlowGRPO(TreeMethod):
     def step_weights(self) -> Tensor:
         """``[T]`` the noise-aware weight of each step (mean 1 over the branch steps, 0 elsewhere)."""
         sigmas = self.policy.sigmas(self.num_steps).float()
-        steps = torch.tensor(self.branch_steps)
+        steps = torch.tensor(self.branching_steps())
         zero = torch.zeros(len(steps), 1)
         out = get_step(self.step_kind)(zero, zero, sigmas[steps], sigmas[steps + 1], noise=zero,
                                        noise_level=self.noise_levels()[steps])

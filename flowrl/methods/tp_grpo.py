@@ -56,40 +56,43 @@ class TPGRPO(PolicyGradient):
                  completion_chunk_size: Optional[int] = None, reward_chunk_size: Optional[int] = None,
                  **kwargs: Any):
         super().__init__(policy, step_kind=step_kind, clip_range=clip_range, advantage=advantage, **kwargs)
-        self.window = (window_start, window_start + window_size)
+        self.window_start, self.window_size = window_start, window_size
         self.constraint, self.first_step, self.balanced = constraint, first_step, balanced
+        self.completion_steps, self.completion_chunk_size = completion_steps, completion_chunk_size
+        self.reward_chunk_size = reward_chunk_size
         self.completions = Completions(completion_steps, completion_chunk_size, reward_chunk_size)
 
-    @classmethod
-    def rollout_cost(cls, o) -> tuple[int, int]:
-        """``T`` sampling evaluations and the completions of the states entering the window (64 at ``T = 10``)."""
-        starts = list(range(o.window_start, o.window_start + o.window_size))
-        return 1, o.num_steps + Completions(o.completion_steps).evaluations(starts, o.num_steps)
+    def window_steps(self) -> tuple[int, int]:
+        """The SDE window ``[w, w + n)``."""
+        return self.window_start, self.window_start + self.window_size
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = Completions(o.completion_steps, o.completion_chunk_size, o.reward_chunk_size).problems()
-        if o.window_start < 0 or o.window_size < 1 or o.window_start + o.window_size > o.num_steps:
-            start = min(max(o.window_start, 0), o.num_steps - 1)  # the nearest window that fits, start kept if it can be
-            size = min(max(o.window_size, 1), o.num_steps - start)
-            problems.append(f"model.window_start={o.window_start}, model.window_size={o.window_size}: the SDE window "
-                            f"[start, start + size) must lie in the {o.num_steps} sampling steps with size >= 1; the "
-                            f"nearest that does: --model.init_args.window_start={start} "
-                            f"--model.init_args.window_size={size}")
-        if o.first_step not in FIRST_STEP_RULES:
-            problems.append(f"model.first_step={o.first_step!r}: choose one of {list(FIRST_STEP_RULES)}")
+    def rollout_cost(self) -> tuple[int, int]:
+        """``T`` sampling evaluations and the completions of the states entering the window (64 at ``T = 10``)."""
+        starts = list(range(*self.window_steps()))
+        return 1, self.num_steps + Completions(self.completion_steps).evaluations(starts, self.num_steps)
+
+    def problems(self) -> list[str]:
+        problems = super().problems() + self.completions.problems()
+        T, w, n = self.num_steps, self.window_start, self.window_size
+        if w < 0 or n < 1 or w + n > T:
+            start = min(max(w, 0), T - 1)  # the nearest window that fits, start kept if it can be
+            size = min(max(n, 1), T - start)
+            problems.append(f"model.window_start={w}, model.window_size={n}: the SDE window [start, start + size) "
+                            f"must lie in the {T} sampling steps with size >= 1; the nearest that does: "
+                            f"--model.init_args.window_start={start} --model.init_args.window_size={size}")
+        if self.first_step not in FIRST_STEP_RULES:
+            problems.append(f"model.first_step={self.first_step!r}: choose one of {list(FIRST_STEP_RULES)}")
         return problems
 
     # -- hooks ---------------------------------------------------------------------------------------------
 
-    @classmethod
-    def sde_mask(cls, o) -> Tensor:
+    def sde_mask(self) -> Tensor:
         """The SDE on the window steps, the ODE elsewhere."""
-        return sde_steps(o.num_steps, o.step_kind, (o.window_start, o.window_start + o.window_size))
+        return sde_steps(self.num_steps, self.step_kind, self.window_steps())
 
     def completion_starts(self) -> Tensor:
         """The states entering the window steps: ``completion_rewards [B, n]`` holds ``R_0 .. R_{n-1}``."""
-        return torch.arange(*self.window)
+        return torch.arange(*self.window_steps())
 
     def step_rewards(self, batch: Batch):
         """TP-GRPO step rewards on the window steps ``[B, T]``, turning points balanced over the gathered batch; the
@@ -99,5 +102,5 @@ class TPGRPO(PolicyGradient):
         step, tp, unbalanced = turning_point_credit(rewards, self.constraint, self.first_step, self.balanced, valid)
         size = valid.sum().clamp(min=1) * tp.shape[1]
         out = torch.zeros_like(batch.log_probs)
-        out[:, slice(*self.window)] = step.to(out).nan_to_num(0.0)  # invalid rows: masked by the loop
+        out[:, slice(*self.window_steps())] = step.to(out).nan_to_num(0.0)  # invalid rows: masked by the loop
         return out, {"turning_points": tp.sum() / size, "turning_points_unbalanced": unbalanced.sum() / size}

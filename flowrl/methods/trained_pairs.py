@@ -1,7 +1,7 @@
 """One rule for every method: a batch trains at least one (sample, step) pair.
 
-Before loading, :func:`untrained_problems` asks the method for the steps a batch trains as a pure function of its
-options (``trained_step_mask``, on a placeholder schedule) and rejects options for which there are none, naming the
+Before loading, :func:`untrained_problems` asks the method for the steps a batch trains from its options alone
+(``trained_step_mask``, on a placeholder schedule) and rejects options for which there are none, naming the
 options that cause it: each option set away from its default whose default alone would train something. At run
 time :class:`UntrainedBatches` counts batches in which no pair is left to train (every trained step masked out,
 weighted 0, or given a non-finite advantage): they take no optimizer step, the count in a row is logged
@@ -11,12 +11,13 @@ never goes on training nothing in silence.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
+
+from flowrl.config_nodes import declared_options
 
 _NOT_OPTIONS = ("policy", "optimizer")  # built objects, never the cause of a step mask
 
@@ -35,32 +36,38 @@ def _yaml(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
-def _steps(cls: type, o: SimpleNamespace) -> int:
-    return int(cls.trained_step_mask(o).sum())
+def _steps(method: Any, key: Optional[str] = None, value: Any = None) -> int:
+    """Steps a batch of ``method`` trains, with option ``key`` set to ``value`` where given (on a copy: the method's
+    other attributes shared, none changed)."""
+    if key is not None:
+        clone = object.__new__(type(method))
+        clone.__dict__.update(method.__dict__)
+        clone.__dict__[key] = value
+        method = clone
+    return int(method.trained_step_mask().sum())
 
 
-def untrained_problems(cls: type, o: SimpleNamespace, defaults: dict[str, Any]) -> list[str]:
-    """``[problem]`` when a batch of method ``cls`` with options ``o`` trains no (sample, step) pair, naming the
-    options that cause it (``defaults``: every option's declared default); ``[]`` otherwise. Run after every other
-    check has passed (the mask is computed from options already known to be sound)."""
-    if _steps(cls, o):
+def untrained_problems(method: Any) -> list[str]:
+    """``[problem]`` when a batch of ``method`` trains no (sample, step) pair, naming the options that cause it (each
+    option is the attribute of its name; its declared default is the fix tried); ``[]`` otherwise. Run after every
+    other check has passed (the mask is computed from options already known to be sound)."""
+    if _steps(method):
         return []
+    defaults = {k: v for k, v in declared_options(type(method)).items() if k not in _NOT_OPTIONS}
+    changed = {k: getattr(method, k) for k, d in defaults.items() if getattr(method, k) != d}
     fixes = []
-    for key, default in defaults.items():
-        value = getattr(o, key)
-        if key in _NOT_OPTIONS or value == default:
-            continue
+    for key, value in changed.items():
         try:
-            steps = _steps(cls, SimpleNamespace(**{**vars(o), key: default}))
+            steps = _steps(method, key, defaults[key])
         except Exception:  # noqa: BLE001  a default that does not fit the other options: not the fix
             continue
         if steps:
-            fixes.append((key, value, default, steps))
-    shown = fixes or [(k, getattr(o, k), d, 0) for k, d in defaults.items()
-                      if k not in _NOT_OPTIONS and getattr(o, k) != d]
-    named = ", ".join(f"model.{k}={_yaml(v)}" for k, v, _, _ in shown) or f"model.num_steps={o.num_steps}"
-    line = (f"{named}: a {cls.__name__} batch trains no (sample, step) pair (0 of its {o.num_steps} steps carry a "
-            "trained transition), so the run would take optimizer steps that change nothing")
+            fixes.append((key, value, defaults[key], steps))
+    shown = fixes or [(k, v, defaults[k], 0) for k, v in changed.items()]
+    num_steps = method.num_steps
+    named = ", ".join(f"model.{k}={_yaml(v)}" for k, v, _, _ in shown) or f"model.num_steps={num_steps}"
+    line = (f"{named}: a {type(method).__name__} batch trains no (sample, step) pair (0 of its {num_steps} steps carry "
+            "a trained transition), so the run would take optimizer steps that change nothing")
     if fixes:
         line += "; " + "; ".join(f"model.{k}={_yaml(d)} (its default) would train {n}" for k, _, d, n in fixes)
     return [line]

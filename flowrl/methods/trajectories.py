@@ -1,6 +1,6 @@
 """How a batch is sampled, the sampling hooks of :class:`~flowrl.methods.base.BaseModule`: trajectories from
 seeded noise through the one step loop, which steps are stochastic (``sde_mask``) and which carry credit
-(``trained_steps``), as pure functions of the options so that the checks before loading see the same steps as the
+(``trained_steps``), computed from the options alone so that the checks before loading see the same steps as the
 run (``trained_step_mask``), and the states whose ODE completions are scored (``completion_starts``)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from flowrl.sampling.steps import ODE_STEPS
 
 
 class Trajectories(StepMetrics):
-    """The sampling hooks (reads the method's ``options``, ``policy``, ``completions`` and ``reward_set``)."""
+    """The sampling hooks (reads the method's options, ``policy``, ``completions`` and ``reward_set``)."""
 
     def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
         """Sample the batch's rows (conditioned by ``cond``'s rows ``batch["cond_rows"]``, by default row ``i`` by row
@@ -36,7 +36,7 @@ class Trajectories(StepMetrics):
                                     self.policy.latent_shape(), self.step_kind, self.noise_levels(), mask, self.device,
                                     velocities)
         size = latents.shape[0]
-        train = self.trained_steps(self.options, mask, sigmas.cpu()).to(self.device)
+        train = self.trained_steps(mask, sigmas.cpu()).to(self.device)
         rollout = Rollout(prompts=batch["prompts"], group_ids=batch["group_ids"], seeds=batch["seeds"],
                           latents=latents, log_probs=log_probs, sigmas=sigmas.expand(size, -1),
                           train_mask=train.expand(size, -1).clone(), cond_rows=cond_rows,
@@ -58,28 +58,24 @@ class Trajectories(StepMetrics):
     def rollout_sde_mask(self, batch: dict) -> Tensor:
         """The stochastic steps of this batch's rollout, ``[T]`` or per row ``[B, T]`` (default: :meth:`sde_mask`;
         a schedule over training, MixGRPO's window or Flash-GRPO's step per group, overrides it)."""
-        return self.sde_mask(self.options)
+        return self.sde_mask()
 
-    @classmethod
-    def sde_mask(cls, o) -> Tensor:
-        """Which sampling steps are stochastic ``[T]`` with options ``o`` (default: all, for an SDE ``step_kind``;
-        none without one)."""
-        kind = getattr(o, "step_kind", None)
-        return sde_steps(o.num_steps, kind) if kind else torch.zeros(o.num_steps, dtype=torch.bool)
+    def sde_mask(self) -> Tensor:
+        """Which sampling steps are stochastic ``[T]`` (default: all, for an SDE ``step_kind``; none for an ODE
+        one)."""
+        return sde_steps(self.num_steps, self.step_kind)
 
-    @classmethod
-    def trained_steps(cls, o, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
-        """Which steps carry credit ``[T]`` with options ``o`` on the schedule ``sigmas [T+1]``. A method that trains
-        no log-prob (TDM-R1, DiffusionNFT) credits the outcome to the last step, the clean sample's."""
-        return torch.arange(o.num_steps) == o.num_steps - 1
+    def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
+        """Which steps carry credit ``[T]`` on the schedule ``sigmas [T+1]``. A method that trains no log-prob
+        (TDM-R1, DiffusionNFT) credits the outcome to the last step, the clean sample's."""
+        return torch.arange(self.num_steps) == self.num_steps - 1
 
-    @classmethod
-    def trained_step_mask(cls, o) -> Tensor:
-        """``[T]`` the steps on which a batch with options ``o`` trains some (sample, step) pair, from the options
-        alone (a placeholder schedule ``linspace(1, 0, T + 1)``: the real one is not known before the model loads).
-        The check before loading rejects options for which it is empty (:func:`~flowrl.methods.option_surface.
-        untrained_problems`); a tree method reads its tree's shape."""
-        return cls.trained_steps(o, cls.sde_mask(o), placeholder_sigmas(o.num_steps))
+    def trained_step_mask(self) -> Tensor:
+        """``[T]`` the steps on which a batch trains some (sample, step) pair, from the options alone (a placeholder
+        schedule ``linspace(1, 0, T + 1)``: the real one is only read once the model's configs are, and differs in
+        spacing only). The check before loading rejects options for which it is empty (:func:`~flowrl.methods.
+        trained_pairs.untrained_problems`); a tree method reads its tree's shape."""
+        return self.trained_steps(self.sde_mask(), placeholder_sigmas(self.num_steps))
 
     def completion_starts(self) -> Optional[Tensor]:
         """The states whose ODE completions are scored into ``completion_rewards`` (None: none)."""

@@ -42,59 +42,48 @@ class TreeMethod(PolicyGradient):
         self.completion_steps, self.tree_chunk_size = completion_steps, tree_chunk_size
         self.advantage_group = advantage_group
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        """
-        >>> from types import SimpleNamespace
-        >>> TreeMethod.check_options(SimpleNamespace(completion_steps=None, tree_chunk_size=0, advantage_group="seed",
-        ...                                         step_kind="flow_grpo", noise_level=0.7))
-        ['model.tree_chunk_size=0 must be >= 1 (or null)', "model.advantage_group='seed': choose 'tree' or 'prompt'"]
-        """
-        problems = at_least(o, 1, ("completion_steps", "tree_chunk_size"), hint=" (or null)")
-        if o.advantage_group not in ("tree", "prompt"):
-            problems.append(f"model.advantage_group={o.advantage_group!r}: choose 'tree' or 'prompt'")
-        return problems + cls._branch_noise_problems(o)
+    def problems(self) -> list[str]:
+        problems = super().problems() + at_least(self, 1, ("completion_steps", "tree_chunk_size"), hint=" (or null)")
+        if self.advantage_group not in ("tree", "prompt"):
+            problems.append(f"model.advantage_group={self.advantage_group!r}: choose 'tree' or 'prompt'")
+        return problems + self._branch_noise_problems()
 
-    @classmethod
-    def _branch_noise_problems(cls, o) -> list[str]:
+    def _branch_noise_problems(self) -> list[str]:
         """A tree scales the SDE's noise level at its branching steps; a step kind with a largest level (DDIM's eta)
         must stay within it there too."""
-        bound = MAX_NOISE_LEVEL.get(o.step_kind)
+        bound = MAX_NOISE_LEVEL.get(self.step_kind)
         if bound is None:
             return []
         try:
-            peak = o.noise_level * max(cls.shape_of(o).noise_scale)
+            peak = self.noise_level * max(self.shape_of().noise_scale)
         except (NotImplementedError, ValueError, TypeError, IndexError):  # no shape, or options its check refuses
             return []
-        if peak <= bound or o.noise_level > bound:  # the level itself: PolicyGradient's check says it
+        if peak <= bound or self.noise_level > bound:  # the level itself: PolicyGradient's check says it
             return []
-        return [f"model.noise_level={o.noise_level} times the tree's noise scale at its branching steps reaches "
-                f"{peak:g}, past {bound:g}, the largest the {o.step_kind} step is defined for; lower noise_level (or "
-                "the method's branch noise scale)"]
+        return [f"model.noise_level={self.noise_level} times the tree's noise scale at its branching steps reaches "
+                f"{peak:g}, past {bound:g}, the largest the {self.step_kind} step is defined for; lower noise_level "
+                "(or the method's branch noise scale)"]
 
-    @classmethod
-    def shape_of(cls, o, batch: int = 0) -> TreeShape:
-        """What each step does to every frontier node at the ``batch``-th batch, from the options ``o`` (the one hook
-        a tree method must declare)."""
+    def shape_of(self, batch: int = 0) -> TreeShape:
+        """What each step does to every frontier node at the ``batch``-th batch (the one hook a tree method must
+        declare)."""
         raise NotImplementedError
 
-    @classmethod
-    def trained_step_mask(cls, o) -> Tensor:
+    def trained_step_mask(self) -> Tensor:
         """The steps with a stochastic transition in the tree of the first batch (an SDE step or a side branch
         before the frontier stops) that the step filter ``trained_steps`` keeps."""
-        shape, T = cls.shape_of(o), o.num_steps
+        shape, T = self.shape_of(), self.num_steps
         stochastic = torch.tensor([k < shape.stop and (shape.sde[k] or shape.side[k] > 0) for k in range(T)])
-        return stochastic & cls.trained_steps(o, torch.ones(T, dtype=torch.bool), placeholder_sigmas(T))
+        return stochastic & self.trained_steps(torch.ones(T, dtype=torch.bool), placeholder_sigmas(T))
 
     def tree_shape(self) -> TreeShape:
         """This batch's tree shape."""
-        return self.shape_of(self.options, self.batches_done())
+        return self.shape_of(self.batches_done())
 
-    @classmethod
-    def rollout_cost(cls, o) -> tuple[int, int]:
+    def rollout_cost(self) -> tuple[int, int]:
         """A tree's leaves and its model evaluations (at the first batch)."""
-        shape = cls.shape_of(o)
-        return shape.leaves(), shape.evaluations(o.completion_steps)
+        shape = self.shape_of()
+        return shape.leaves(), shape.evaluations(self.completion_steps)
 
     def noise_levels(self) -> Tensor:
         """The SDE's noise level of each step, times the tree's noise scale there (what sampling and training use)."""
@@ -110,7 +99,7 @@ class TreeMethod(PolicyGradient):
                              self.step_kind, super().noise_levels(), self.completion_steps, self.tree_chunk_size,
                              self.device)
         leaf = trees.tree.to(seeds.device)
-        steps = self.trained_steps(self.options, torch.ones(self.num_steps, dtype=torch.bool), sigmas.cpu())  # [T]
+        steps = self.trained_steps(torch.ones(self.num_steps, dtype=torch.bool), sigmas.cpu())  # [T]
         return Rollout(prompts=[batch["prompts"][i] for i in leaf.tolist()], group_ids=batch["group_ids"][leaf],
                        seeds=seeds[leaf], latents=None, log_probs=trees.log_probs.to(self.device),
                        sigmas=sigmas.expand(len(leaf), -1), cond_rows=cond_rows[leaf.to(cond_rows.device)],

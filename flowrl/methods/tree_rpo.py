@@ -61,35 +61,32 @@ class TreeRPO(TreeMethod):
         self.window_size, self.window_start, self.window_shift_every = window_size, window_start, window_shift_every
         self.branches, self.depth_noise, self.layer_tuning = branches, depth_noise, layer_tuning
 
-    @classmethod
-    def check_options(cls, o) -> list[str]:
-        problems = []
-        if o.window_size < 1 or not 0 <= o.window_start <= o.num_steps - o.window_size:
-            problems.append(f"model.window_start={o.window_start}, model.window_size={o.window_size}: the window must "
-                            f"lie in the {o.num_steps} steps")
-        problems += at_least(o, 2, ("branches",)) + at_least(o, 0, ("depth_noise",))
-        problems += at_least(o, 1, ("window_shift_every",), hint=" (or null: a fixed window)")
-        return problems + at_least(o, 0, ("layer_tuning",), hint=" (0 turns LayerTuning-RL off)")
+    def problems(self) -> list[str]:
+        problems = super().problems()
+        T, d, w = self.num_steps, self.window_size, self.window_start
+        if d < 1 or not 0 <= w <= T - d:
+            problems.append(f"model.window_start={w}, model.window_size={d}: the window must lie in the {T} steps")
+        problems += at_least(self, 2, ("branches",)) + at_least(self, 0, ("depth_noise",))
+        problems += at_least(self, 1, ("window_shift_every",), hint=" (or null: a fixed window)")
+        return problems + at_least(self, 0, ("layer_tuning",), hint=" (0 turns LayerTuning-RL off)")
 
-    @staticmethod
-    def window_at(o, batch: int) -> int:
+    def window_at(self, batch: int) -> int:
         """The window's first step at the ``batch``-th batch (a function of the batch count, so a resumed run
         agrees): ``window_start``, advanced one step every ``window_shift_every`` batches and wrapping."""
-        if o.window_shift_every is None:
-            return o.window_start
-        return progressive_start(batch, start=o.window_start, every=o.window_shift_every,
-                                 last=o.num_steps - o.window_size)
+        if self.window_shift_every is None:
+            return self.window_start
+        return progressive_start(batch, start=self.window_start, every=self.window_shift_every,
+                                 last=self.num_steps - self.window_size)
 
     def window(self) -> int:
         """The window's first step at this batch."""
-        return self.window_at(self.options, self.batches_done())
+        return self.window_at(self.batches_done())
 
-    @classmethod
-    def shape_of(cls, o, batch: int = 0) -> TreeShape:
-        T, d, w = o.num_steps, o.window_size, cls.window_at(o, batch)
+    def shape_of(self, batch: int = 0) -> TreeShape:
+        T, d, w = self.num_steps, self.window_size, self.window_at(batch)
         inside = [w <= k < w + d for k in range(T)]
-        scale = [1.0 + o.depth_noise * (k - w) / max(d - 1, 1) if inside[k] else 1.0 for k in range(T)]
-        return TreeShape(splits=tuple(o.branches if i else 1 for i in inside), sde=tuple(inside),
+        scale = [1.0 + self.depth_noise * (k - w) / max(d - 1, 1) if inside[k] else 1.0 for k in range(T)]
+        return TreeShape(splits=tuple(self.branches if i else 1 for i in inside), sde=tuple(inside),
                          noise_scale=tuple(scale), side=(0,) * T, stop=w + d)
 
     def supervised_weights(self, batch: Batch) -> Optional[Tensor]:

@@ -277,13 +277,8 @@ class FlowPolicy(nn.Module):
 
     #: How the family guides: ``cfg`` (classifier-free guidance on an unconditional side), ``embedded``
     #: (guidance-distilled: ``guidance_scale`` is the denoiser's input, one evaluation) or ``none`` (step-distilled: no
-    #: guidance at all); an instance holds its model's, :meth:`guidance_kind_of` reads it before any weight loads.
+    #: guidance at all); an instance holds its model's, read from its configs when it is built (no weight loads).
     guidance_kind: str = "cfg"
-
-    @classmethod
-    def guidance_kind_of(cls, model: Optional[str]) -> Optional[str]:
-        """The ``guidance_kind`` of ``model`` (a folder, a cached hub id) from its configs alone; None: unknown."""
-        return cls.guidance_kind
 
     #: Conditioning images each prompt takes (0: text only; an editing or image-to-video family: its count, or -1
     #: for any number of at least one); the data module and the config checks read it before any weight loads.

@@ -73,16 +73,6 @@ class FluxPolicy(PipelinePolicy):
         self.denoiser = FluxTransformer2DModel.from_pretrained(path, subfolder="transformer",
                                                                torch_dtype=self.denoiser_dtype)
 
-    @classmethod
-    def guidance_kind_of(cls, model: Optional[str]) -> Optional[str]:
-        """``embedded`` for FLUX.1 [dev] and Kontext [dev] (guidance-distilled), ``none`` for [schnell]."""
-        try:
-            config = FluxTransformer2DModel.load_config(resolve_model(model), subfolder="transformer",
-                                                        local_files_only=True)
-        except (OSError, ValueError):  # not a local folder nor cached: the model check says why
-            return None
-        return "embedded" if config.get("guidance_embeds") else "none"
-
     def components(self) -> dict:
         return dict(transformer=self.denoiser, scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder,
                     tokenizer=self.tokenizer, text_encoder_2=self.text_encoder_2, tokenizer_2=self.tokenizer_2)

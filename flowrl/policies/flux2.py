@@ -142,16 +142,6 @@ class Flux2Policy(PaddedPromptPolicy):
         self.denoiser = Flux2Transformer2DModel.from_pretrained(self.path, subfolder="transformer",
                                                                 torch_dtype=self.denoiser_dtype)
 
-    @classmethod
-    def guidance_kind_of(cls, model: Optional[str]) -> Optional[str]:
-        try:
-            path = resolve_model(model)
-            index = DiffusionPipeline.load_config(path, local_files_only=True)
-            config = Flux2Transformer2DModel.load_config(path, subfolder="transformer", local_files_only=True)
-        except (OSError, ValueError):  # not a local folder nor cached: the model check says why
-            return None
-        return flux2_guidance(index, config)
-
     def components(self) -> dict:
         parts = dict(transformer=self.denoiser, scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder,
                      tokenizer=self.tokenizer)

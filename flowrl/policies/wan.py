@@ -84,22 +84,6 @@ class WanPolicy(PipelinePolicy):
     default_lora_targets = WAN_LORA_TARGETS
     denoiser_kind = "WanExperts"
 
-    @classmethod
-    def config_problems(cls, init_args: dict) -> list[str]:
-        """The video's size against the model's latent grid, from the model's config files alone: the CLI reports
-        these with the config's other problems before anything loads (``__init__`` checks them again for a policy
-        built in code). ``init_args``: every option, defaults filled in; ``[]`` for a model whose configs cannot be
-        read here (the model check names a missing one)."""
-        try:
-            path = resolve_model(init_args["model"])
-            patch = WanTransformer3DModel.load_config(path, subfolder="transformer", local_files_only=True)
-            vae = AutoencoderKLWan.load_config(path, subfolder="vae", local_files_only=True)
-        except (OSError, ValueError, KeyError, TypeError):
-            return []
-        spatial = vae.get("scale_factor_spatial", 8) * patch["patch_size"][1]
-        return video_size_problems(init_args["height"], init_args["width"], init_args["num_frames"], spatial,
-                                   vae.get("scale_factor_temporal", 4), key="model.init_args.policy.init_args.")
-
     def __init__(self, model: str = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0), height: int = 240, width: int = 416,
                  num_frames: int = 33, max_sequence_length: int = 512, negative_prompt: str = "",

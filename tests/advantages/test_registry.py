@@ -104,7 +104,7 @@ def test_register_refuses_duplicates_and_preset_names():
 
 def test_grpo_loop_checks_the_estimator_before_loading():
     from flowrl.methods import FlowGRPO
-    from flowrl.methods.option_surface import option_problems
+    from tests.methods.options import option_problems
 
     problems = option_problems(FlowGRPO, advantage="rloo@trl", advantage_options={"eps": 1e-4})
     assert any("rloo@trl has no option 'eps'; its options are ['clip', 'singleton']" in p for p in problems)

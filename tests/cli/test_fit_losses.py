@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from flowrl.cli import main
 from flowrl.methods import FlowGRPO
-from flowrl.methods.option_surface import option_problems
+from flowrl.policies import LoraOptions
+from tests.methods.options import option_problems
 from tests.cli.test_fit import CONFIG, fit_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,4 +40,6 @@ def test_unknown_loss_or_option_fails_before_loading(tmp_path):
 @pytest.mark.parametrize("config", ["quickstart.yaml", "tiny_flow_grpo.yaml"])
 def test_shipped_configs_name_their_loss(config):
     init = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / config).model.init_args)
-    assert init["loss"] == "vanilla" and "loss_options" in init and option_problems(FlowGRPO, **init) == []
+    policy, _ = init.pop("policy"), init.pop("optimizer")  # the method's own options, on the shipped policy
+    policy["init_args"]["lora"] = LoraOptions(**policy["init_args"]["lora"])
+    assert init["loss"] == "vanilla" and "loss_options" in init and option_problems(FlowGRPO, policy, **init) == []

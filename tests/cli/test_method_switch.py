@@ -1,7 +1,7 @@
 """The one-line method switch from the quickstart (``--model.class_path=flowrl.methods.<M>``): the config's options
 the new method lacks are left out with one notice, every remaining problem is named in one round with the value that
-fits, and every option of the command line holds whatever its place. Each run stops where the classes would be built,
-after every check that runs before a weight loads."""
+fits, and every option of the command line holds whatever its place. Each run stops where training would start, with
+every weight load refused, after every check that runs before a weight loads."""
 
 from pathlib import Path
 
@@ -9,26 +9,23 @@ import pytest
 
 import flowrl.cli
 from flowrl.cli import FlowRLCLI, main
+from tests.cli.no_weights import Built, stop_when_built
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs/quickstart.yaml")
 
 
-class Built(Exception):
-    """Raised where LightningCLI would build the classes: every check before loading has passed."""
-
-
 @pytest.fixture
 def checked(monkeypatch):
-    """Runs ``fit`` up to the building of the classes; returns the parsed config, or the error's text."""
+    """Runs ``fit`` up to where training would start, weights refused; returns the parsed config, or the error's
+    text."""
     def fit(*args: str):
         seen = {}
-        monkeypatch.setattr(FlowRLCLI, "instantiate_classes",
-                            lambda self: seen.update(config=self.config.fit) or (_ for _ in ()).throw(Built()))
+        stop_when_built(monkeypatch, seen)
         try:
             main(["fit", "--config", QUICKSTART, *args])
         except Built:
-            return seen["config"]
+            return seen["cli"].config.fit
         except SystemExit as err:
             return str(err)
         raise AssertionError("fit went past the checks")

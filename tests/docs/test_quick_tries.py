@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flowrl.methods.option_surface import bound_options
+from flowrl.cli.config_checks import method_without_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = sorted((ROOT / "configs").glob("tiny_*.yaml"))
@@ -30,7 +30,7 @@ def test_the_header_says_what_a_full_run_costs_and_how_to_try_it(config):
     module, name = cfg["model"]["class_path"].rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
     options = {k: v for k, v in cfg["model"]["init_args"].items() if k not in ("policy", "optimizer", "seed")}
-    samples, evaluations = cls.rollout_cost(bound_options(cls, (), options)[0])  # of one seed's rollout
+    samples, evaluations = method_without_policy(cls, options).rollout_cost()  # of one seed's rollout
     per_batch = cfg["data"]["num_groups"] * cfg["data"]["group_size"] // samples * evaluations
     batches = cfg["trainer"]["max_steps"] // (options.get("num_inner_epochs", 1) * options.get("num_minibatches", 1))
     prompts = len([line for line in (ROOT / cfg["data"]["val_prompts"]).read_text().splitlines() if line.strip()])

@@ -4,8 +4,9 @@ them (issue 38): below 1 for every family that guides, other than 1 for a step-d
 import pytest
 
 from flowrl.methods.option_surface import guidance_distillation_problems, guidance_scale_problems
+from flowrl.policies import TinyFlowPolicy, ZImagePolicy
 
-TINY = {"class_path": "flowrl.policies.TinyFlowPolicy"}
+TINY = TinyFlowPolicy()  # built from its configs: no weight loads
 
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, 0.5])
@@ -23,9 +24,10 @@ def test_one_and_above_pass(scale):
 
 def test_z_image_names_its_pipelines_offset():
     # ZImagePipeline guides with pos + g (pos - neg), on above 0: flowrl's w = g + 1, so w < 1 is its g < 0
-    problem, = guidance_scale_problems({"class_path": "flowrl.policies.ZImagePolicy"}, 0.0)
+    z_image = object.__new__(ZImagePolicy)  # the family's class and guidance kind are all the check reads
+    problem, = guidance_scale_problems(z_image, 0.0)
     assert "ZImagePipeline's guidance_scale is this minus 1 (its 0, no guidance, is 1 here)" in problem
-    assert guidance_scale_problems({"class_path": "flowrl.policies.ZImagePolicy"}, 1.0) == []
+    assert guidance_scale_problems(z_image, 1.0) == []
 
 
 def test_tdm_r1s_teacher_and_surrogate_guidance_too():
@@ -35,10 +37,10 @@ def test_tdm_r1s_teacher_and_surrogate_guidance_too():
 
 def test_wan_2_2s_second_expert_scale(tiny_model_dir):
     from flowrl.methods import FlowGRPO
-    from flowrl.methods.option_surface import option_problems
+    from tests.methods.options import option_problems
 
-    policy = {"class_path": "flowrl.policies.TinyFlowPolicy", "init_args": {"model": tiny_model_dir,
-                                                                             "guidance_scale_2": 0.0}}
+    policy = TinyFlowPolicy(tiny_model_dir)
+    policy.guidance_scale_2 = 0.0  # as a Wan 2.2 policy holds its second expert's scale
     problems = option_problems(FlowGRPO, policy=policy)
     assert any(p.startswith("model.init_args.policy.init_args.guidance_scale_2=0.0: below 1") for p in problems)
 
@@ -47,10 +49,10 @@ def test_wan_2_2s_second_expert_scale(tiny_model_dir):
 def test_the_wan_pipelines_gate_a_second_scale_under_a_first_of_one(tiny_model_dir, first, second, refused):
     # WanPipeline guides only when guidance_scale > 1: at 1 it runs no CFG at all, guidance_scale_2 ignored
     from flowrl.methods import FlowGRPO
-    from flowrl.methods.option_surface import option_problems
+    from tests.methods.options import option_problems
 
-    policy = {"class_path": "flowrl.policies.TinyFlowPolicy", "init_args": {"model": tiny_model_dir,
-                                                                             "guidance_scale_2": second}}
+    policy = TinyFlowPolicy(tiny_model_dir)
+    policy.guidance_scale_2 = second  # as a Wan 2.2 policy holds its second expert's scale
     gate = [p for p in option_problems(FlowGRPO, policy=policy, guidance_scale=first) if "WanPipeline" in p]
     assert bool(gate) == refused, gate
     if refused:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flowrl.methods import FlowGRPO
-from flowrl.methods.option_surface import option_problems
+from tests.methods.options import option_problems
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 
 

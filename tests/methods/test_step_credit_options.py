@@ -6,7 +6,7 @@ import torch
 
 from flowrl.cli import main
 from flowrl.methods import FlowGRPO
-from flowrl.methods.option_surface import option_problems
+from tests.methods.options import option_problems
 from flowrl.sampling.flash import group_steps
 from flowrl.sampling.windows import window_mask
 from tests.cli.test_fit import fit_args, load_steps
@@ -83,14 +83,14 @@ def test_gcpo_trains_whole_drawn_chunks(tiny_model_dir, tmp_path, weighting):
 
 
 def test_sde_mask_of_the_options_is_the_schedule():
-    from flowrl.methods.option_surface import bound_options
-    o = bound_options(FlowGRPO, (), {"num_steps": 10, "sde_window": 2, "window_strategy": "random",
-                                     "window_range": [0, 5], "seed": 7})[0]
+    from flowrl.policies import TinyFlowPolicy
+    method = FlowGRPO(TinyFlowPolicy(), num_steps=10, sde_window=2, window_strategy="random", window_range=[0, 5],
+                      seed=7)
     for b in range(5):
         expected = window_mask(b, num_steps=10, size=2, strategy="random", low=0, high=5, seed=7)
-        assert torch.equal(FlowGRPO.sde_mask(o, b), expected)
-    flash = bound_options(FlowGRPO, (), {"num_steps": 10, "flash_pool": [1, 3]})[0]
-    assert FlowGRPO.sde_mask(flash).nonzero().flatten().tolist() == [1, 3]  # what the check before loading sees
+        assert torch.equal(method.sde_mask(b), expected)
+    flash = FlowGRPO(TinyFlowPolicy(), num_steps=10, flash_pool=[1, 3])
+    assert flash.sde_mask().nonzero().flatten().tolist() == [1, 3]  # what the check before loading sees
 
 
 def test_rectified_loss_weights_follow_each_rows_step():

@@ -12,7 +12,7 @@ from lightning.pytorch import Callback
 
 from flowrl.cli import main
 from flowrl.methods import BranchGRPO, DenseGRPO, FlowGRPO, TDMR1, TempFlowGRPO, TPGRPO, TreeRPO
-from flowrl.methods.option_surface import option_problems
+from tests.methods.options import option_problems
 from tests.cli.test_fit import fit_args
 
 POLICY = {"class_path": "flowrl.policies.TinyFlowPolicy"}

@@ -12,7 +12,8 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from flowrl import advantages as adv_lib
 from flowrl.cli import main
 from flowrl.methods import BranchGRPO, TempFlowGRPO, TreeRPO
-from flowrl.methods.option_surface import bound_options, declared_options
+from flowrl.cli.config_checks import method_without_policy
+from flowrl.config_nodes import declared_options
 from flowrl.methods.tempflow_grpo import noise_aware_weights
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 from flowrl.sampling.sampler import sample
@@ -114,7 +115,7 @@ def one_tree(method: str, *extra: str) -> str:
     cls = getattr(__import__(module, fromlist=[name]), name)
     options = {"num_steps": 4, **{arg.partition("=")[0].removeprefix("--model.init_args."): yaml.safe_load(
         arg.partition("=")[2]) for arg in extra if arg.startswith("--model.init_args.")}}
-    return f"--data.group_size={cls.rollout_cost(bound_options(cls, (), options)[0])[0]}"
+    return f"--data.group_size={method_without_policy(cls, options).rollout_cost()[0]}"
 
 
 def tree_fit(tiny_model_dir, out, method, *extra):

@@ -95,7 +95,7 @@ def family_options(method: str, family: Family) -> dict[str, Any]:
 def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
     """The parsed-config dict of a one-batch fit of ``method`` on ``family_name`` (``out``: its folder; the prompt
     records of an editing family are written there)."""
-    from flowrl.methods.option_surface import bound_options
+    from flowrl.cli.config_checks import method_without_policy
 
     family = FAMILIES[family_name]
     path, options = METHODS[method]
@@ -107,7 +107,7 @@ def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
     if method in POLICY_GRADIENT:
         init.update(micro_batch_size=4, check_ratio=True, check_ratio_threshold=1.0e-4)
     module = class_at(path)
-    leaves = module.rollout_cost(bound_options(module, (), {**init, "policy": None})[0])[0]
+    leaves = method_without_policy(module, init).rollout_cost()[0]
     prompts = str(write_records(out / "data", sizes=((40, 48), (32, 32)), per_record=family.records)) \
         if family.records else PROMPTS
     edits = family.records and "Wan" not in family.policy  # a video's first frame is not an edit's source

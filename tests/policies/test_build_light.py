@@ -1,6 +1,9 @@
 """Every family's policy builds from its configs alone: what the checks and the data need before loading is known,
 every bad option is reported at once, and the weights load once, in ``load()``."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,6 +16,7 @@ VIDEO = {"height": 16, "width": 16, "num_frames": 5}
 
 # (policy class, folder fixture (a key of wan_dirs after ":"), options, expected latent shape, guidance kind,
 # conditioning images, prediction)
+ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = {
     "tiny": (TinyFlowPolicy, "tiny_model_dir", {}, (3, 16, 16), "cfg", 0, "velocity"),
     "sd3": (SD3Policy, "sd3_dir", {"resolution": 32, "max_sequence_length": 8}, None, "cfg", 0, "velocity"),
@@ -101,6 +105,28 @@ def test_every_bad_option_reported_together_before_any_weight(family, request, n
     assert len(lines) == len(BAD[family]), str(err.value)
     for key in BAD[family]:
         assert any(f"policy.{key}" in line for line in lines), (key, str(err.value))
+
+
+@pytest.mark.parametrize("family", list(BAD))
+def test_a_bad_policy_option_is_reported_by_the_cli_with_the_runs_other_problems(family, request, tmp_path, capsys,
+                                                                                monkeypatch):
+    # the policy's problems (PolicyOptionsError, raised while jsonargparse builds it) join the method's and the
+    # data's in one list, and no weight loads (from_pretrained and FlowPolicy.load refused)
+    from flowrl.cli import main
+    from tests.cli.no_weights import refuse_weights
+
+    refuse_weights(monkeypatch)
+    cls, fixture, given = FAMILIES[family][:3]
+    policy = {"class_path": f"{cls.__module__}.{cls.__name__}",
+              "init_args": {"model": folder(request, fixture), **given, **BAD[family]}}
+    with pytest.raises(SystemExit) as err:
+        main(["fit", "--config", str(ROOT / "configs" / "tiny_flow_grpo.yaml"), f"--trainer.default_root_dir={tmp_path}",
+              f"--model.init_args.policy={json.dumps(policy)}", "--model.init_args.num_steps=0", "--data.group_size=1"])
+    text = str(err.value)
+    assert text.startswith("flowrl: invalid configuration:"), text
+    for key in BAD[family]:
+        assert f"policy.{key}" in text, (key, text)
+    assert "model.num_steps=0 must be >= 1" in text and "group_size=1" in text, text
 
 
 def plain(value):

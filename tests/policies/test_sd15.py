@@ -11,7 +11,7 @@ from diffusers import DDIMScheduler, StableDiffusionPipeline
 
 from flowrl.cli import main
 from flowrl.methods import FlowGRPO
-from flowrl.methods.option_surface import option_problems
+from tests.methods.options import option_problems
 from flowrl.policies import LoraOptions, SD15Policy
 from flowrl.sampling.steps import ddim_step
 from flowrl.sampling.sampler import seeded_noise
@@ -86,8 +86,8 @@ def test_ddim_rollout_replays_through_the_policy(sd15_dir):
     assert torch.allclose(again.log_prob, rollout.log_probs[:, k], atol=1e-6)
 
 
-def test_step_kind_must_read_what_the_policy_predicts(tmp_path):
-    sd15_config = {"class_path": "flowrl.policies.SD15Policy", "init_args": {"model": str(tmp_path / "nope")}}
+def test_step_kind_must_read_what_the_policy_predicts(tmp_path, sd15_dir):
+    sd15_config = SD15Policy(sd15_dir, resolution=32)  # built from its configs: no weight loads
     [problem] = option_problems(FlowGRPO, step_kind="flow_grpo", policy=sd15_config)
     assert "reads the model output as a velocity, but the policy predicts epsilon" in problem and "['ddim']" in problem
     [problem] = option_problems(FlowGRPO, step_kind="ddim", policy={"class_path": "flowrl.policies.TinyFlowPolicy"})

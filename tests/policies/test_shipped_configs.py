@@ -1,5 +1,5 @@
 """Every shipped GPU config (SD3.5, FLUX.1, SD1.5, Qwen-Image, FLUX.2, Z-Image, Qwen-Image-Edit, FLUX.1 Kontext) goes
-through the checks a real run makes before loading, and fits one batch on a tiny random-weight stand-in of its family:
+through the checks a real run makes before loading (the run built, every weight load refused), and fits one batch on a tiny random-weight stand-in of its family:
 the config file as shipped, with only what needs weights, GPUs or the user's prompts swapped (the model folder, reward
 models, devices, the batch size, an edit's sources and their sizes) and every method option left as published."""
 
@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flowrl.cli import FlowRLCLI, main
-from flowrl.methods.option_surface import bound_options
+from flowrl.cli import main
+from flowrl.cli.config_checks import method_without_policy
 from flowrl.rewards.base import RewardCallback
+from tests.cli.no_weights import Built, stop_when_built
 from tests.policies.edit_records import write_records
 from tests.policies.tiny_editing import CONDITION_AREA, SOURCE_AREA
 
@@ -66,7 +67,8 @@ def tiny_stand_in(config: str, model_dir: str, out: Path) -> Path:
         policy["max_sequence_length"] = 8
     policy.update({key: value for key, value in TINY_SOURCES.items() if key in policy})
     method = _class(cfg["model"]["class_path"])
-    leaves = method.rollout_cost(bound_options(method, (), {**init, "policy": None})[0])[0]
+    options = {k: v for k, v in init.items() if "${" not in str(v)}  # interpolations: the run's parse resolves them
+    leaves = method_without_policy(method, options).rollout_cost()[0]
     cfg["data"].update(prompts=prompts_for(config, out), num_groups=1,
                        group_size=max(leaves, 2 if leaves == 1 else leaves))
     path = out / config
@@ -74,16 +76,9 @@ def tiny_stand_in(config: str, model_dir: str, out: Path) -> Path:
     return path
 
 
-class ChecksPassed(Exception):
-    """Raised where the CLI would instantiate the classes: every check before loading has passed."""
-
-
 @pytest.mark.parametrize("config", GPU_CONFIGS)
 def test_a_gpu_config_passes_the_checks_before_loading_as_shipped(config, tmp_path, monkeypatch, request):
-    def stop(self):
-        raise ChecksPassed
-
-    monkeypatch.setattr(FlowRLCLI, "instantiate_classes", stop)
+    stop_when_built(monkeypatch, {})  # the run is built, every weight load refused
     # the machine the config is for: its GPUs (the check that refuses a GPU config here has its own test)
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
@@ -91,7 +86,7 @@ def test_a_gpu_config_passes_the_checks_before_loading_as_shipped(config, tmp_pa
     init = yaml.safe_load((ROOT / "configs" / config).read_text())["model"]["init_args"]
     downloads = [f"--model.init_args.{key}={yaml.safe_dump(value).split()[0]}" for key, value in DOWNLOADS.items()
                  if key in init]
-    with pytest.raises(ChecksPassed):  # a SystemExit here is a problem the checks found: its text names it
+    with pytest.raises(Built):  # a SystemExit here is a problem the checks found: its text names it
         main(["fit", "--config", str(ROOT / "configs" / config), f"--model.init_args.policy.init_args.model={model_dir}",
               f"--data.prompts={prompts_for(config, tmp_path)}", f"--trainer.default_root_dir={tmp_path}", *downloads])
 

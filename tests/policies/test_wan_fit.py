@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from flowrl.cli import main
+from tests.cli.no_weights import Built, stop_when_built
 from tests.cli.test_fit import assert_two_ranks_equal_one, run_cli
 from tests.test_prompt_records import png
 
@@ -27,12 +28,12 @@ def test_every_video_config_is_covered():
 
 def samples_per_rollout(config: str, overrides: dict) -> int:
     """The samples one rollout of the config's method scores (a tree's leaves), with ``overrides`` applied."""
-    from flowrl.methods.option_surface import bound_options
+    from flowrl.cli.config_checks import method_without_policy
 
     cfg = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())["model"]
     method = _class(cfg["class_path"])
-    init = {**cfg["init_args"], **overrides, "policy": None}
-    return method.rollout_cost(bound_options(method, (), init)[0])[0]
+    init = {k: v for k, v in {**cfg["init_args"], **overrides}.items() if "${" not in str(v)}  # the run resolves those
+    return method_without_policy(method, init).rollout_cost()[0]
 
 
 def _class(path: str):
@@ -78,24 +79,15 @@ def tiny_overlay(out: Path, model_dir: str, config: str) -> Path:
     return path
 
 
-class ChecksPassed(Exception):
-    """Raised where the CLI would instantiate the classes: every check before loading has passed."""
-
-
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_each_video_config_passes_the_checks_before_loading_as_shipped(wan_dirs, tmp_path, monkeypatch, config):
-    from flowrl.cli import FlowRLCLI
-
-    def stop(self):
-        raise ChecksPassed
-
-    monkeypatch.setattr(FlowRLCLI, "instantiate_classes", stop)
+    stop_when_built(monkeypatch, {})  # the run is built, every weight load refused
     # the machine the config is for: its GPUs (the check that refuses a GPU config here has its own test)
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
     prompts = str(tiny_overlay(tmp_path, wan_dirs[CONFIGS[config]], config).parent / "p.jsonl") \
         if config == "wan_i2v_flow_grpo" else "[a red cat, a blue dog]"
-    with pytest.raises(ChecksPassed):  # a SystemExit here is a problem the checks found: its text names it
+    with pytest.raises(Built):  # a SystemExit here is a problem the checks found: its text names it
         main(["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), f"--data.prompts={prompts}",
               f"--model.init_args.policy.init_args.model={wan_dirs[CONFIGS[config]]}",
               f"--trainer.default_root_dir={tmp_path}"])
