@@ -107,7 +107,7 @@ class FlowRLCLI(LightningCLI):
             if isinstance(refused, MethodOptionsError):  # the policy built: every problem of the method's options
                 problems += unbuilt_problems(config, refused.problems)
             else:  # a policy's options refused (the method is checked without it), a model folder missing...
-                unbuilt = [*getattr(refused, "problems", []), *unbuilt_problems(config)]
+                unbuilt = [*map(policy_key, getattr(refused, "problems", [])), *unbuilt_problems(config)]
                 if not problems and not unbuilt:
                     raise
                 problems += unbuilt
@@ -199,6 +199,15 @@ class FlowRLCLI(LightningCLI):
         device = self.trainer.strategy.root_device
         return rollout_memory_problems(samples, self.model.num_steps, policy.latent_shape(), free_memory(device),
                                        f"the {device.type} device" if device.type != "cpu" else "this machine")
+
+
+def policy_key(problem: str) -> str:
+    """A policy's problem (``policy.height=40 ...``) under the key a config writes it with.
+
+    >>> policy_key("policy.height=40 must be a positive multiple of 16")
+    'model.init_args.policy.init_args.height=40 must be a positive multiple of 16'
+    """
+    return "model.init_args.policy.init_args." + problem[len("policy."):] if problem.startswith("policy.") else problem
 
 
 def refusal(err: BaseException) -> BaseException:

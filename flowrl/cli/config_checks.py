@@ -87,11 +87,15 @@ def built_problems(method: BaseModule, data: Any, world: int, max_steps: Optiona
 def method_without_policy(cls: type, init_args: Any) -> BaseModule:
     """Method ``cls`` built from its parsed ``init_args`` (nested classes built by jsonargparse) without its policy,
     which could not be built: in its place the options the config gives it that the method's checks read (``lora``,
-    Wan's ``guidance_scale_2``); the checks that need its configs (prediction, guidance kind) are left out. Raises
+    Wan's ``guidance_scale_2``) and its class's prediction; the checks that need its configs (guidance kind) are
+    left out. Raises
     :class:`~flowrl.methods.option_surface.MethodOptionsError`."""
     init_args = plain(init_args) or {}
-    given = as_dict(as_dict(init_args.get("policy")).get("init_args"))
+    node = as_dict(init_args.get("policy"))
+    given = as_dict(node.get("init_args"))
     policy = SimpleNamespace(**{k: given[k] for k in ("lora", "guidance_scale_2") if k in given})
+    if isinstance(predicts := getattr(class_at(node.get("class_path")), "prediction", None), str):
+        policy.prediction = predicts  # the family's, a class attribute: what the method's sampler steps must read
     init_args = {k: v for k, v in init_args.items() if k != "policy"}
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(cls, "method", skip={"policy"}, instantiate=False)

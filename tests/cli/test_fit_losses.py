@@ -30,7 +30,7 @@ def test_gspo_with_options_fits_and_logs_its_metrics(tiny_model_dir, tmp_path):
 
 def test_unknown_loss_or_option_fails_before_loading(tmp_path):
     missing = f"--model.init_args.policy.init_args.model={tmp_path / 'nope'}"  # would fail if it were loaded
-    with pytest.raises(SystemExit, match=r"model.loss='ppo2': choose a policy loss from \['cispo'"):
+    with pytest.raises(SystemExit, match=r"model.loss='ppo2': choose a policy loss from \['chunk_gspo', 'chunk_gspo@gcpo', 'cispo'"):
         main(["fit", "--config", CONFIG, "--model.init_args.loss=ppo2", missing])
     with pytest.raises(SystemExit, match="model.loss_options: policy loss 'cispo' has no option 'dual_clip'"):
         main(["fit", "--config", CONFIG, "--model.init_args.loss=cispo",

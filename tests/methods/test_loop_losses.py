@@ -15,7 +15,8 @@ def test_loss_options_are_checked_with_the_key_named():
     assert option_problems(FlowGRPO, loss="gpg", clip_range=0.2) == []  # gpg has no clip: clip_range is not passed to it
     assert option_problems(FlowGRPO, loss="vanilla", loss_options={"clip_high": 0.28, "dual_clip": 3.0}) == []
     [problem] = option_problems(FlowGRPO, loss="ppo2")
-    assert problem.startswith("model.loss='ppo2': choose a policy loss from ['cispo', 'dppo', 'gpg', 'grpo_guard', 'gspo'")
+    assert problem.startswith("model.loss='ppo2': choose a policy loss from ['chunk_gspo', 'chunk_gspo@gcpo', 'cispo', "
+                              "'dppo', 'gpg', 'grpo_guard', 'gspo'")
     [problem] = option_problems(FlowGRPO, loss="vanilla", loss_options={"clip_hihg": 0.28})
     assert problem.startswith("model.loss_options: policy loss 'vanilla' has no option 'clip_hihg'")
     [problem] = option_problems(FlowGRPO, loss="sapo", loss_options={"tau_neg": 0})

@@ -96,6 +96,7 @@ def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
     """The parsed-config dict of a one-batch fit of ``method`` on ``family_name`` (``out``: its folder; the prompt
     records of an editing family are written there)."""
     from flowrl.cli.config_checks import method_without_policy
+    from flowrl.methods.option_surface import MethodOptionsError
 
     family = FAMILIES[family_name]
     path, options = METHODS[method]
@@ -106,8 +107,10 @@ def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
             "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e-2}}}
     if method in POLICY_GRADIENT:
         init.update(micro_batch_size=4, check_ratio=True, check_ratio_threshold=1.0e-4)
-    module = class_at(path)
-    leaves = method_without_policy(module, init).rollout_cost()[0]
+    try:  # a refused pair (its problem is what the test reads) scores one sample a rollout, as a trajectory
+        leaves = method_without_policy(class_at(path), init).rollout_cost()[0]
+    except MethodOptionsError:
+        leaves = 1
     prompts = str(write_records(out / "data", sizes=((40, 48), (32, 32)), per_record=family.records)) \
         if family.records else PROMPTS
     edits = family.records and "Wan" not in family.policy  # a video's first frame is not an edit's source

@@ -125,7 +125,7 @@ def test_a_bad_policy_option_is_reported_by_the_cli_with_the_runs_other_problems
     text = str(err.value)
     assert text.startswith("flowrl: invalid configuration:"), text
     for key in BAD[family]:
-        assert f"policy.{key}" in text, (key, text)
+        assert f"model.init_args.policy.init_args.{key}" in text, (key, text)
     assert "model.num_steps=0 must be >= 1" in text and "group_size=1" in text, text
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from flowrl.cli import main
-from flowrl.cli.config_checks import config_problems
+from tests.cli.no_weights import Built, stop_when_built
 from tests.policies.method_matrix import FAMILIES, METHODS, NEW_FAMILIES, REFUSED, config
 from tests.policies.test_sd3 import metrics
 
@@ -31,6 +31,21 @@ def model_dir(request, family: str) -> str:
     return folder[FAMILIES[family].key] if FAMILIES[family].key else folder
 
 
+def run_problems(cfg: dict, tmp_path, monkeypatch) -> list[str]:
+    """Every problem ``fit`` reports for ``cfg`` before any weight loads (the parsed config's and the built run's),
+    every weight load refused; ``[]`` when the run is built and would start training."""
+    path = tmp_path / "checked.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    stop_when_built(monkeypatch, {})
+    try:
+        main(["fit", "--config", str(path)])
+    except Built:
+        return []
+    except SystemExit as err:
+        return [line.strip() for line in str(err).splitlines()[1:]]
+    raise AssertionError("fit went past its checks with every weight load refused")
+
+
 def test_the_covering_covers():
     family_of = lambda f: "flux2" if f.startswith("flux2") else f  # noqa: E731
     per_method = Counter(m for m, f in COVERING if family_of(f) in NEW_FAMILIES)
@@ -41,8 +56,8 @@ def test_the_covering_covers():
 
 
 @pytest.mark.parametrize("method,family", PAIRS, ids=[f"{m}-{f}" for m, f in PAIRS])
-def test_the_checks_before_loading_pass_or_say_why(method, family, request, tmp_path, refuse_weights):
-    problems = config_problems(config(method, family, model_dir(request, family), tmp_path))
+def test_the_checks_before_loading_pass_or_say_why(method, family, request, tmp_path, monkeypatch):
+    problems = run_problems(config(method, family, model_dir(request, family), tmp_path), tmp_path, monkeypatch)
     if (method, family) in REFUSED:
         assert len(problems) == 1 and REFUSED[method, family] in problems[0], problems
     else:
@@ -60,14 +75,14 @@ def test_the_checks_before_loading_pass_or_say_why(method, family, request, tmp_
     ("diffusion_nft", "flux", {"policy": {"init_args": {"lora": None}}}, "trains named LoRA adapters"),
 ])
 def test_what_a_family_needs_is_checked_before_loading(method, family, change, says, request, tmp_path,
-                                                      refuse_weights):
+                                                      monkeypatch):
     cfg = config(method, family, model_dir(request, family), tmp_path)
     for key, value in change.items():
         if key == "policy":
             cfg["model"]["init_args"]["policy"]["init_args"].update(value["init_args"])
         else:
             cfg["model"]["init_args"][key] = value
-    problems = config_problems(cfg)
+    problems = run_problems(cfg, tmp_path, monkeypatch)
     assert len(problems) == 1 and says in problems[0], problems
 
 
