@@ -4,7 +4,8 @@ them: jsonargparse answers such a key with its whole usage (62 lines for ``fit``
 option (difflib), and the option is taken out of the command line so that the parse goes on and every other problem
 of the command is reported with it, before anything is built.
 
-Checked: ``--data.K``, ``--trainer.K``, ``--model.K`` / ``--model.init_args.K`` (the method in effect, after a
+Checked: a subcommand's own keys (``--ckpt_path``, ``--seed_everything``: a misspelt ``--ckpt_pth`` is one line, not
+the usage), ``--data.K``, ``--trainer.K``, ``--model.K`` / ``--model.init_args.K`` (the method in effect, after a
 switch) and ``--model.init_args.policy.init_args.K`` (the config's policy). Deeper keys (a callback's, the
 optimizer's ``init_args``) are left to the parser, which names them itself.
 """
@@ -12,12 +13,33 @@ optimizer's ``init_args``) are left to the parser, which names them itself.
 from __future__ import annotations
 
 import difflib
+import inspect
 from typing import Optional
 
 from flowrl.config_nodes import class_at, declared_options
 
 #: keys of a class node that are not options of the class
 _NODE_KEYS = {"class_path", "init_args", "dict_kwargs", "help"}
+#: the keys LightningCLI gives every subcommand besides the Trainer method's own arguments
+_CLI_KEYS = ("config", "print_config", "seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler",
+             "help")
+
+
+def subcommand_keys(subcommand: str) -> Optional[list[str]]:
+    """The top-level keys of a LightningCLI subcommand (None: not one of its subcommands): LightningCLI's own and
+    the arguments of the Trainer method it runs, less those it fills itself (the model, the data).
+
+    >>> subcommand_keys("fit")[-2:], subcommand_keys("export")
+    (['ckpt_path', 'weights_only'], None)
+    """
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.cli import LightningCLI
+
+    skipped = LightningCLI.subcommands().get(subcommand)
+    if skipped is None:
+        return None
+    own = [k for k in inspect.signature(getattr(Trainer, subcommand)).parameters if k != "self" and k not in skipped]
+    return [*_CLI_KEYS, *own]
 
 
 def _declared(section: str, model: dict) -> Optional[tuple[str, dict]]:
@@ -81,19 +103,32 @@ def unknown_options(args: list[str], model: dict) -> tuple[list[str], list[str]]
     []
     """
     out, problems, i = [], [], 0
+    top = subcommand_keys(args[0]) if args else None
     if any(a.startswith(("--model.init_args.policy=", "--model.init_args.policy.class_path")) for a in args):
         model = {**model, "init_args": {k: v for k, v in (model.get("init_args") or {}).items() if k != "policy"}}
     while i < len(args):  # (a policy named on the command line: its options are left to the parser)
         arg = args[i]
         key, eq, _ = arg.partition("=")
         used = 1 if eq or not key.startswith("--") or i + 1 >= len(args) or args[i + 1].startswith("--") else 2
-        problem = _problem(key, arg if eq else " ".join(args[i:i + used]), model) if key.startswith("--") else None
+        given = arg if eq else " ".join(args[i:i + used])
+        problem = (_top_problem(key, given, args[0], top) if top and key.startswith("--") and "." not in key
+                   else _problem(key, given, model) if key.startswith("--") else None)
         if problem is None:
             out += args[i:i + used]
         else:
             problems.append(problem)
         i += used
     return out, problems
+
+
+def _top_problem(key: str, given: str, subcommand: str, keys: list[str]) -> Optional[str]:
+    """A subcommand-level key no one declares (``--ckpt_pth``), with the nearest declared key."""
+    name = key[2:].rstrip("+")
+    if name in keys:
+        return None
+    near = difflib.get_close_matches(name, keys, n=1, cutoff=0.6)
+    fix = f"did you mean --{near[0]}?" if near else f"`python -m flowrl {subcommand} --help` lists every option"
+    return f"{given}: `{subcommand}` has no option {name}; {fix}"
 
 
 def _problem(key: str, given: str, model: dict) -> Optional[str]:

@@ -121,6 +121,14 @@ def test_a_misspelt_key_is_one_line_with_the_nearest_name(capsys):
                                    "no option lorra; did you mean --model.init_args.policy.init_args.lora?")
 
 
+def test_a_misspelt_top_level_key_is_one_line_not_the_usage(capsys):
+    out = fails("--ckpt_pth", "runs/x/last.ckpt", "--seed_everythin=3")
+    assert out.splitlines()[1:3] == [
+        "  --ckpt_pth runs/x/last.ckpt: `fit` has no option ckpt_pth; did you mean --ckpt_path?",
+        "  --seed_everythin=3: `fit` has no option seed_everythin; did you mean --seed_everything?"]
+    assert "usage:" not in out + capsys.readouterr().err
+
+
 def test_a_second_node_that_never_comes_is_announced_once(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "NODE_RANK": "0"}
