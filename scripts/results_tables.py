@@ -237,7 +237,9 @@ def blocks() -> dict[str, str]:
 
 #: The 2026 objectives' rows for a ``methods-2026`` block (``method_table`` of ``mc(label, stem)``, beside Flow-GRPO
 #: and DiffusionNFT), once ``scripts/compare_methods.py --methods Flow-GRPO Flow-DPPO GRPO-Guard AWM DiffusionNFT``
-#: has kept their CSVs as docs/data/method_comparison/<stem>_seed<k>.csv (none are kept yet: no block reads them).
+#: has kept their CSVs as docs/data/method_comparison/<stem>_seed<k>.csv. Kept (no block reads them yet): the three at
+#: Flow-GRPO's budget of the results page (``--budget 32000 --prompts 4 --seeds 0 1 2 --jobs 2 --methods Flow-DPPO
+#: GRPO-Guard AWM``, 2026-11-28, commit 106eaf9, the 2-core dev box, two runs at a time).
 METHODS_2026 = [("Flow-DPPO, loss dppo", "dppo"), ("GRPO-Guard, loss grpo_guard", "grpo_guard"),
                 ("AWM", "awm")]
 
