@@ -6,6 +6,7 @@ from flowrl.policies.flux2 import Flux2Policy
 from flowrl.policies.flux_kontext import FluxKontextPolicy
 from flowrl.policies.qwen_image import QwenImagePolicy
 from flowrl.policies.qwen_image_edit import QwenImageEditPolicy
+from flowrl.policies.qwen_image21 import QwenImage21Policy
 from flowrl.policies.sd3 import SD3Policy
 from flowrl.policies.sd15 import SD15Policy
 from flowrl.policies.tiny import TinyFlowPolicy
@@ -14,5 +15,5 @@ from flowrl.policies.wan_i2v import WanI2VPolicy
 from flowrl.policies.z_image import ZImagePolicy
 
 __all__ = ["Conditioning", "FlowPolicy", "Flux2Policy", "FluxKontextPolicy", "FluxPolicy", "LoraOptions",
-           "QwenImageEditPolicy", "QwenImagePolicy", "SD15Policy", "SD3Policy", "TinyFlowPolicy", "WanI2VPolicy",
-           "WanPolicy", "ZImagePolicy"]
+           "QwenImage21Policy", "QwenImageEditPolicy", "QwenImagePolicy", "SD15Policy", "SD3Policy", "TinyFlowPolicy",
+           "WanI2VPolicy", "WanPolicy", "ZImagePolicy"]

@@ -74,6 +74,9 @@ class QwenImagePolicy(PaddedPromptPolicy):
     pipeline_class = QwenImagePipeline
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
     denoiser_kind = "QwenImageTransformer2DModel"
+    #: the classes of the folder's ``vae`` and ``transformer`` (their configs are read before loading)
+    vae_class, denoiser_class = AutoencoderKLQwenImage, QwenImageTransformer2DModel
+    text_encoder_class = Qwen2_5_VLForConditionalGeneration
 
     def __init__(self, model: str = "Qwen/Qwen-Image", lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=64.0),
                  resolution: int = 512, max_sequence_length: int = 512, negative_prompt: str = "",
@@ -83,8 +86,8 @@ class QwenImagePolicy(PaddedPromptPolicy):
                          gradient_checkpointing=gradient_checkpointing, vae_chunk_size=vae_chunk_size,
                          prompt_cache_size=prompt_cache_size, activation_offload=activation_offload)
         self.path = resolve_model(model)
-        self.vae_config = component_config(AutoencoderKLQwenImage, self.path, "vae")
-        self.denoiser_config = component_config(QwenImageTransformer2DModel, self.path, "transformer")
+        self.vae_config = component_config(self.vae_class, self.path, "vae")
+        self.denoiser_config = component_config(self.denoiser_class, self.path, "transformer")
         self.resolution, self.max_sequence_length = resolution, max_sequence_length
         self.negative_prompt = negative_prompt
         self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(self.path, subfolder="scheduler")
@@ -93,12 +96,15 @@ class QwenImagePolicy(PaddedPromptPolicy):
 
     def _load_weights(self) -> None:
         path, dtype = self.path, self.torch_dtype
-        self.vae = AutoencoderKLQwenImage.from_pretrained(path, subfolder="vae", torch_dtype=dtype).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
-        self.text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            path, subfolder="text_encoder", dtype=dtype).eval()
-        self.denoiser = QwenImageTransformer2DModel.from_pretrained(path, subfolder="transformer",
-                                                                    torch_dtype=self.denoiser_dtype)
+        self.vae = self.vae_class.from_pretrained(path, subfolder="vae", torch_dtype=dtype).eval()
+        self._load_prompt_reader()
+        self.text_encoder = self.text_encoder_class.from_pretrained(path, subfolder="text_encoder", dtype=dtype).eval()
+        self.denoiser = self.denoiser_class.from_pretrained(path, subfolder="transformer",
+                                                            torch_dtype=self.denoiser_dtype)
+
+    def _load_prompt_reader(self) -> None:
+        """What the pipeline's ``encode_prompt`` reads prompts with (Qwen-Image: the tokenizer)."""
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, subfolder="tokenizer")
 
     def components(self) -> dict:
         return dict(transformer=self.denoiser, scheduler=self.scheduler, vae=self.vae, text_encoder=self.text_encoder,

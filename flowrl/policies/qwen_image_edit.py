@@ -26,8 +26,6 @@ for the published models, which needs torchvision).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Optional
 
 import torch
@@ -42,6 +40,7 @@ from flowrl.policies.pipeline_policy import joined_problems
 from flowrl.policies.qwen_image import MAX_SEQUENCE_LENGTH, QwenImagePolicy
 from flowrl.policies.sharding import is_sharded
 from flowrl.policies.source_latents import SOURCE, SOURCE_GRID, SourceCache, by_layout, count_problem, row_key
+from flowrl.policies.vl_processor import load_processor, processor_problem
 from flowrl.rewards.pil_images import to_pil
 
 #: the pipelines a Qwen-Image-Edit folder names in ``model_index.json`` (``_class_name``)
@@ -61,10 +60,7 @@ def qwen_image_edit_problems(index: dict, source_area: int, condition_area: int,
     if (name := index.get("_class_name", "?")) not in PIPELINES:
         problems.append(f"policy.model: its model_index.json names {name}, not an edit pipeline "
                         f"({', '.join(PIPELINES)}); text-to-image folders load with flowrl.policies.QwenImagePolicy")
-    library = (index.get("processor") or [None])[0]
-    if library == "transformers" and importlib.util.find_spec("torchvision") is None:
-        problems.append("policy.model: Qwen-Image-Edit's processor (transformers' Qwen2VLProcessor) needs torchvision; "
-                        "pip install 'flowrl[editing]' (or torchvision, the build that matches your torch)")
+    problems += processor_problem(index, "Qwen-Image-Edit")
     if source_area < 32 * 32:
         problems.append(f"policy.source_area={source_area} must be >= 1024 (32 x 32 px: the VAE and the 2x2 packing "
                         "need 32 px sides)")
@@ -120,9 +116,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
 
     def _load_weights(self) -> None:
         super()._load_weights()
-        library, name = self.processor_class
-        self.processor = getattr(importlib.import_module(library), name).from_pretrained(self.path,
-                                                                                         subfolder="processor")
+        self.processor = load_processor(self.path, {"processor": self.processor_class})
 
     def components(self) -> dict:
         return {**super().components(), "processor": self.processor}

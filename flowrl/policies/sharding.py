@@ -28,6 +28,8 @@ SHARDED_BLOCKS: dict[str, tuple[str, ...]] = {
     "FluxTransformer2DModel": ("transformer_blocks", "single_transformer_blocks"),
     "Flux2Transformer2DModel": ("transformer_blocks", "single_transformer_blocks"),  # FLUX.2 [klein], [dev]
     "QwenImageTransformer2DModel": ("transformer_blocks",),
+    # Qwen-Image 2.1: the single-stream blocks; the shared modulation and the input projections stay in the root unit
+    "QwenImage21Transformer2DModel": ("transformer_blocks",),
     # Z-Image: the image and caption refiners run before the main single-stream layers
     "ZImageTransformer2DModel": ("noise_refiner", "context_refiner", "layers"),
     "UNet2DConditionModel": ("down_blocks", "mid_block", "up_blocks"),  # SD1.5

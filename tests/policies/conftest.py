@@ -1,4 +1,4 @@
-"""Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image, FLUX.2 [klein] and [dev], Z-Image, Wan, and the
+"""Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image, Qwen-Image 2.1, FLUX.2 [klein] and [dev], Z-Image, Wan, and the
 editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per session."""
 
 import pytest
@@ -37,6 +37,17 @@ def qwen_image_dir(tmp_path_factory):
     from tests.policies.tiny_pipelines import save_pipeline
 
     return str(save_pipeline(QwenImagePipeline, qwen_image_components, tmp_path_factory.mktemp("qwen_image")))
+
+
+@pytest.fixture(scope="session")
+def qwen_image21_dir(tmp_path_factory):
+    """Qwen-Image 2.1: Qwen3-VL prompts, a single-stream block-causal transformer, the 16x RGBA VAE."""
+    from diffusers import QwenImage21Pipeline
+
+    from tests.policies.tiny_pipelines import save_pipeline
+    from tests.policies.tiny_qwen21 import qwen_image21_components
+
+    return str(save_pipeline(QwenImage21Pipeline, qwen_image21_components, tmp_path_factory.mktemp("qwen_image21")))
 
 
 @pytest.fixture(scope="session")

@@ -125,13 +125,15 @@ def unipc(flow_shift: float):
 def folders(root: Path) -> dict[str, str]:
     """Every tiny folder the cases read, built and saved under ``root``, by the name of the policies' conftest
     fixture that builds it (the Wan folders: :func:`published_wan`)."""
-    from tests.policies import tiny_editing, tiny_families, tiny_pipelines, tiny_sd15, tiny_wan
+    from tests.policies import tiny_editing, tiny_families, tiny_pipelines, tiny_qwen21, tiny_sd15, tiny_wan
 
     save = tiny_pipelines.save_pipeline
     made = {"sd3_dir": save(diffusers.StableDiffusion3Pipeline, tiny_pipelines.sd3_components, root / "sd3"),
             "flux_dir": save(diffusers.FluxPipeline, tiny_pipelines.flux_components, root / "flux"),
             "sd15_dir": tiny_sd15.save_sd15(root / "sd15"),
             "qwen_image_dir": save(diffusers.QwenImagePipeline, tiny_families.qwen_image_components, root / "qwen"),
+            "qwen_image21_dir": save(diffusers.QwenImage21Pipeline, tiny_qwen21.qwen_image21_components,
+                                     root / "qwen21"),
             "flux2_dir": save(diffusers.Flux2KleinPipeline, tiny_families.flux2_klein_components, root / "flux2"),
             "zimage_dir": save(diffusers.ZImagePipeline, tiny_families.zimage_components, root / "zimage"),
             "flux_kontext_dir": save(diffusers.FluxKontextPipeline, tiny_editing.flux_kontext_components,

@@ -138,6 +138,16 @@ CASES = {
         lambda pipe, cond: [(cond.embeds, pipe.encode_prompt(list(PROMPTS), max_sequence_length=16)[0]),
                             (cond.null_embeds, pipe.encode_prompt([NEGATIVE] * 2, max_sequence_length=16)[0])],
         packed("QwenImagePipeline")),
+    # one prompt: the pipeline pads a batch's prompts, which moves a shorter prompt's image in RoPE (the policy runs
+    # each length unpadded, test_qwen_image21.py); the longer negative prompt runs as its own length group
+    "Qwen-Image 2.1": Case(
+        "qwen_image21_dir", lambda p: policies.QwenImage21Policy(p, lora=LORA, resolution=64,
+                                                             negative_prompt=NEGATIVE).load(),
+        "QwenImage21Pipeline", lambda policy, pipe, g: dict(
+            prompt=list(PROMPTS[:1]), height=64, width=64, negative_prompt=[NEGATIVE], true_cfg_scale=g),
+        lambda pipe, cond: [(cond.embeds, pipe.encode_prompt(list(PROMPTS[:1]))[0]),
+                            (cond.null_embeds, pipe.encode_prompt([NEGATIVE])[0])],
+        packed("QwenImage21Pipeline"), rows=1),
     "Qwen-Image-Edit": qwen_edit("qwen_edit_dir", "QwenImageEditPipeline"),
     "Qwen-Image-Edit-Plus": qwen_edit("qwen_edit_plus_dir", "QwenImageEditPlusPipeline"),
     "Z-Image": Case(
