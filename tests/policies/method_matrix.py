@@ -40,6 +40,8 @@ FAMILIES = {
                    method_options={"step_kind": "ddim", "noise_level": 0.9, "split_noise_scale": 1.0}),
     "qwen_image": Family("flowrl.policies.QwenImagePolicy", "qwen_image_dir",
                          {"resolution": 32, "max_sequence_length": 16}),
+    # Qwen-Image 2.1 samples without guidance by default; its CFG is plain true CFG, exercised here at 2
+    "qwen_image21": Family("flowrl.policies.QwenImage21Policy", "qwen_image21_dir", {"resolution": 32}),
     "flux2": Family("flowrl.policies.Flux2Policy", "flux2_dir", {"resolution": 32, "max_sequence_length": 16}),
     # FLUX.2 [klein] step-distilled: no guidance; TDM-R1's CFG terms at 1
     "flux2_distilled": Family("flowrl.policies.Flux2Policy", "flux2_distilled_dir",
@@ -80,7 +82,7 @@ REFUSED = {
 }
 #: where the step kind is an option of the method, and where guidance options exist (the others would be unknown keys)
 POLICY_GRADIENT = {"flow_grpo", "dense_grpo", "tp_grpo", "tempflow_grpo", "tree_rpo", "branch_grpo"}
-NEW_FAMILIES = ["qwen_image", "flux2", "zimage", "qwen_edit", "kontext", "wan"]
+NEW_FAMILIES = ["qwen_image", "qwen_image21", "flux2", "zimage", "qwen_edit", "kontext", "wan"]
 
 
 def family_options(method: str, family: Family) -> dict[str, Any]:

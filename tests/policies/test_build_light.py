@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrl.policies import (Flux2Policy, FluxKontextPolicy, FluxPolicy, QwenImageEditPolicy, QwenImagePolicy,
-                             SD3Policy, SD15Policy, TinyFlowPolicy, WanI2VPolicy, WanPolicy, ZImagePolicy)
+from flowrl.policies import (Flux2Policy, FluxKontextPolicy, FluxPolicy, QwenImage21Policy, QwenImageEditPolicy,
+                             QwenImagePolicy, SD3Policy, SD15Policy, TinyFlowPolicy, WanI2VPolicy, WanPolicy,
+                             ZImagePolicy)
 from flowrl.policies.base import LoraOptions
 
 LORA = LoraOptions(rank=4, alpha=8)
@@ -32,6 +33,7 @@ FAMILIES = {
                    "velocity"),
     "qwen_image_edit": (QwenImageEditPolicy, "qwen_edit_plus_dir", {"resolution": 32, "source_area": 32 * 32},
                         None, "cfg", -1, "velocity"),
+    "qwen_image21": (QwenImage21Policy, "qwen_image21_dir", {"resolution": 64}, (8, 4, 4), "cfg", 0, "velocity"),
     "z_image": (ZImagePolicy, "zimage_dir", {"resolution": 32, "max_sequence_length": 32}, None, "cfg", 0,
                 "velocity"),
     "wan": (WanPolicy, "wan_dirs:wan21", {**VIDEO, "max_sequence_length": 16}, None, "cfg", 0, "velocity"),
@@ -50,6 +52,7 @@ BAD = {
     "flux2_dev": {"resolution": 33, "torch_dtype": "bf16"},
     "qwen_image": {"resolution": 33, "torch_dtype": "bf16"},
     "qwen_image_edit": {"condition_area": 10, "image_cache_size": -1, "torch_dtype": "bf16"},
+    "qwen_image21": {"resolution": 48, "vae_chunk_size": 0},  # 48: a multiple of 16, not of the 32 2.1 needs
     "z_image": {"resolution": 33, "cfg_normalization": -1.0, "vae_chunk_size": 0},
     "wan": {"width": 17, "flow_shift": -1.0, "trained_experts": ["transformer_3"]},
     "wan_experts": {"num_frames": 6, "trained_experts": [], "torch_dtype": "bf16"},

@@ -23,7 +23,10 @@ COVERING = [("flow_grpo", "zimage"), ("flow_grpo", "wan"),
             ("tree_rpo", "zimage"), ("tree_rpo", "qwen_edit"), ("tree_rpo", "wan"),
             ("branch_grpo", "qwen_image"), ("branch_grpo", "kontext"),
             ("diffusion_nft", "qwen_image"), ("diffusion_nft", "qwen_edit"),
-            ("tdm_r1", "flux2_distilled"), ("tdm_r1", "zimage")]
+            ("tdm_r1", "flux2_distilled"), ("tdm_r1", "zimage"),
+            # Qwen-Image 2.1: a tree, the negative-aware fine-tuning and the distillation family (Flow-GRPO:
+            # test_family_fits.py)
+            ("tree_rpo", "qwen_image21"), ("diffusion_nft", "qwen_image21"), ("tdm_r1", "qwen_image21")]
 
 
 def model_dir(request, family: str) -> str:

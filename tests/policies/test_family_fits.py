@@ -1,27 +1,29 @@
-"""Two-step CLI fits of Flow-GRPO on the tiny Qwen-Image, FLUX.2 [klein] and Z-Image pipelines: with LoRA and
-recomputed log-probs the first minibatch is exactly on-policy (ratio 1), and ``python -m flowrl export`` of the
-checkpoint gives LoRA weights the plain pipeline's ``load_lora_weights`` loads unchanged; full fine-tuning (Z-Image)
+"""Two-step CLI fits of Flow-GRPO on the tiny Qwen-Image, Qwen-Image 2.1, FLUX.2 [klein] and Z-Image pipelines: with
+LoRA and recomputed log-probs the first minibatch is exactly on-policy (ratio 1), and ``python -m flowrl export`` of
+the checkpoint gives LoRA weights the plain pipeline's ``load_lora_weights`` loads unchanged; full fine-tuning (Z-Image)
 is on-policy within float32 rounding and exports the whole pipeline."""
 
 
 import numpy as np
 import pytest
 import torch
-from diffusers import Flux2KleinPipeline, QwenImagePipeline, ZImagePipeline
+from diffusers import Flux2KleinPipeline, QwenImage21Pipeline, QwenImagePipeline, ZImagePipeline
 from peft.utils import get_peft_model_state_dict
 
 from flowrl.cli import main
 from tests.policies.test_sd3 import HERE, fit_args, metrics
 
 FAMILIES = {"qwen_image": ("flowrl.policies.QwenImagePolicy", QwenImagePipeline),
+            "qwen_image21": ("flowrl.policies.QwenImage21Policy", QwenImage21Pipeline),
             "flux2": ("flowrl.policies.Flux2Policy", Flux2KleinPipeline),
             "zimage": ("flowrl.policies.ZImagePolicy", ZImagePipeline)}
 CHECKPOINT = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint"]
 
 
 @pytest.fixture
-def model_dir(request, qwen_image_dir, flux2_dir, zimage_dir):
-    return {"qwen_image": qwen_image_dir, "flux2": flux2_dir, "zimage": zimage_dir}[request.param]
+def model_dir(request, qwen_image_dir, qwen_image21_dir, flux2_dir, zimage_dir):
+    return {"qwen_image": qwen_image_dir, "qwen_image21": qwen_image21_dir, "flux2": flux2_dir,
+            "zimage": zimage_dir}[request.param]
 
 
 @pytest.mark.parametrize("family,model_dir", [(f, f) for f in FAMILIES], indirect=["model_dir"])

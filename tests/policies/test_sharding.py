@@ -9,6 +9,7 @@ from flowrl.policies.tiny_components import build_transformer
 from tests.policies.tiny_editing import flux_kontext_components, qwen_image_edit_components
 from tests.policies.tiny_families import flux2_klein_components, qwen_image_components, zimage_transformer
 from tests.policies.tiny_pipelines import flux_components
+from tests.policies.tiny_qwen21 import qwen_image21_components
 from tests.policies.tiny_sd15 import sd15_components
 from tests.policies.tiny_wan import transformer as wan_transformer
 
@@ -34,6 +35,7 @@ def wan_full_finetuning_of_one_expert():
     (lambda: sd15_components()["unet"], ["down_blocks.0", "down_blocks.1", "mid_block", "up_blocks.0",
                                          "up_blocks.1"]),
     (lambda: qwen_image_components()["transformer"], ["transformer_blocks.0", "transformer_blocks.1"]),
+    (lambda: qwen_image21_components()["transformer"], ["transformer_blocks.0", "transformer_blocks.1"]),
     (lambda: flux2_klein_components()["transformer"], ["transformer_blocks.0", "single_transformer_blocks.0"]),
     # Z-Image at width 128: at the tests' width 32 its timestep MLP (1024 wide whatever the model width) outweighs
     # the blocks, which it does not in the 6B model
@@ -49,8 +51,8 @@ def wan_full_finetuning_of_one_expert():
                                          "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2",
                                          "reference_experts.transformer.blocks.0",
                                          "reference_experts.transformer.blocks.1", "reference_experts.transformer"]),
-], ids=["sd3", "flux", "sd15", "qwen_image", "flux2", "zimage", "qwen_edit", "kontext", "wan21", "wan22",
-        "wan22-reference"])
+], ids=["sd3", "flux", "sd15", "qwen_image", "qwen_image21", "flux2", "zimage", "qwen_edit", "kontext", "wan21",
+        "wan22", "wan22-reference"])
 def test_each_denoiser_shards_its_blocks(build, expected):
     denoiser = build()
     blocks = denoiser_blocks(denoiser)
@@ -64,5 +66,6 @@ def test_a_denoiser_without_a_plan_is_named():
     with pytest.raises(ValueError, match="no FSDP2 sharding plan for a Linear denoiser.*SHARDED_BLOCKS"):
         denoiser_blocks(nn.Linear(2, 2))
     assert set(SHARDED_BLOCKS) == {"SD3Transformer2DModel", "FluxTransformer2DModel", "UNet2DConditionModel",
-                                   "QwenImageTransformer2DModel", "Flux2Transformer2DModel", "ZImageTransformer2DModel",
+                                   "QwenImageTransformer2DModel", "QwenImage21Transformer2DModel",
+                                   "Flux2Transformer2DModel", "ZImageTransformer2DModel",
                                    "WanExperts"}
