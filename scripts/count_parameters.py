@@ -27,6 +27,9 @@ TRANSFORMERS = {
     "qwen_image": ("QwenImageTransformer2DModel", dict(
         patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
         joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))),
+    # Qwen-Image 2.1: QwenImage21Transformer2DModel's defaults (diffusers 0.42.1, whose docstring gives them as the
+    # model's: 32 single-stream blocks of 32 heads of 128, SwiGLU x3, 64 latent channels, Qwen3-VL-8B's 4096 wide text)
+    "qwen_image21": ("QwenImage21Transformer2DModel", {}),
     # diffusers scripts/convert_flux2_to_diffusers.py, get_flux2_transformer_config("klein-4b" / "klein-9b" / dev)
     "flux2_klein_4b": ("Flux2Transformer2DModel", dict(
         patch_size=1, in_channels=128, num_layers=5, num_single_layers=20, attention_head_dim=128,
@@ -88,6 +91,14 @@ TEXT_ENCODERS = {
                          rope_scaling={"mrope_section": [16, 24, 24], "rope_type": "default"}),
         vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584),
         vocab_size=152064, tie_word_embeddings=False)),
+    # Qwen/Qwen3-VL-8B-Instruct (Qwen-Image 2.1's Qwen3VLForConditionalGeneration): 36 layers of 4096 (Qwen3-8B's
+    # text model), vision tower of 27 blocks of 1152 with DeepStack mergers at 8, 16, 24
+    "Qwen3-VL-8B": ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig", dict(
+        text_config=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128, vocab_size=151936),
+        vision_config=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
+                           patch_size=16, deepstack_visual_indexes=[8, 16, 24]),
+        tie_word_embeddings=False)),
     "Qwen3-4B": ("Qwen3ForCausalLM", "Qwen3Config", _qwen3(2560, 9728, tied=True)),
     "Qwen3-8B": ("Qwen3ForCausalLM", "Qwen3Config", _qwen3(4096, 12288, tied=False)),
     # mistralai/Mistral-Small-3.1-24B-Instruct-2503 (FLUX.2 [dev]'s text encoder)
@@ -119,6 +130,7 @@ _KL_16 = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock
 #: VAEs (diffusers class, arguments): the published vae/config.json of each family
 VAES = {
     "qwen_image": ("AutoencoderKLQwenImage", {}),  # Qwen/Qwen-Image vae/config.json: the class defaults
+    "qwen_image21": ("AutoencoderKLQwenImage21", {}),  # the class defaults (diffusers 0.42.1): 16x, 64 channels, RGBA
     "flux2": ("AutoencoderKLFlux2", {}),  # convert_flux2_to_diffusers.py builds AutoencoderKLFlux2() with defaults
     "flux1": ("AutoencoderKL", _KL_16),  # FLUX.1-dev's; Z-Image and SD3.5 use the same layout
     "wan21": ("AutoencoderKLWan", {}),  # convert_wan_to_diffusers.py builds AutoencoderKLWan() with defaults
@@ -146,6 +158,8 @@ def _flux2_default(num_single: int) -> tuple[int, list[str]]:
 FAMILIES = {
     "qwen_image": ("Qwen-Image (and -Edit)", "qwen_image", ["Qwen2.5-VL-7B"], "qwen_image",
                    lambda: _config_lora("qwen_image_flow_grpo"), "config targets"),
+    "qwen_image21": ("Qwen-Image 2.1", "qwen_image21", ["Qwen3-VL-8B"], "qwen_image21",
+                     lambda: _config_lora("qwen_image21_flow_grpo"), "config targets"),
     "flux2_klein_4b": ("FLUX.2 [klein] 4B", "flux2_klein_4b", ["Qwen3-4B"], "flux2", lambda: _flux2_default(20),
                        "default targets"),
     "flux2_klein_9b": ("FLUX.2 [klein] 9B", "flux2_klein_9b", ["Qwen3-8B"], "flux2",

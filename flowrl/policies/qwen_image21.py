@@ -47,8 +47,10 @@ from flowrl.policies.vl_processor import load_processor, processor_problem
 
 #: QwenImage21Pipeline.__init__ sets vae_scale_factor = 16 (pixels per latent token) whatever the VAE config says
 VAE_SCALE_FACTOR = 16
-#: Qwen-Image's targets (diffusers' train_dreambooth_lora_qwen_image.py): the attention projections of every block
-QWEN_IMAGE21_LORA_TARGETS = ("to_k", "to_q", "to_v", "to_out.0")
+#: every projection of each single-stream block: attention and SwiGLU (Flow-Factory's Qwen-Image 2.1 adapter,
+#: X-GenGroup/Flow-Factory src/flow_factory/models/qwen_image_21/qwen_image_21.py, ``default_target_modules``; the
+#: transformer's own tensor-parallel plan names the same seven)
+QWEN_IMAGE21_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "img_mlp.proj", "img_mlp.gate_layer", "img_mlp.out")
 
 
 def qwen_image21_problems(index: dict, transformer_config: dict) -> list[str]:
@@ -74,7 +76,8 @@ class QwenImage21Policy(QwenImagePolicy):
 
     Args:
         model: hub id, local folder or embedded name of a ``QwenImage21Pipeline`` folder.
-        lora: LoRA options (default targets: ``QWEN_IMAGE21_LORA_TARGETS``, Qwen-Image's); None for full fine-tuning.
+        lora: LoRA options (default targets: ``QWEN_IMAGE21_LORA_TARGETS``, Flow-Factory's seven block projections);
+            None for full fine-tuning.
         resolution: image height and width in pixels (a multiple of 32: 16 px per token, 2 x 2 tokens per slot).
         negative_prompt: the unconditional side of CFG, where ``guidance_scale > 1`` (the pipeline samples without).
         torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see

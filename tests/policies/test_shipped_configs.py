@@ -21,7 +21,7 @@ GPU_CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")
                      if not p.name.startswith(("tiny_", "quick", "wan")))
 STAND_INS = {"SD3Policy": "sd3_dir", "FluxPolicy": "flux_dir", "SD15Policy": "sd15_dir", "QwenImagePolicy": "qwen_image_dir",
              "Flux2Policy": "flux2_dir", "ZImagePolicy": "zimage_dir", "QwenImageEditPolicy": "qwen_edit_plus_dir",
-             "FluxKontextPolicy": "flux_kontext_dir"}
+             "FluxKontextPolicy": "flux_kontext_dir", "QwenImage21Policy": "qwen_image21_dir"}
 PROMPTS = ["a red cat", "a blue dog"]
 #: the editing families' source sizes on their tiny stand-ins (the configs' 512 x 512 would make 1024 tokens each)
 TINY_SOURCES = {"source_area": SOURCE_AREA, "condition_area": CONDITION_AREA}

@@ -56,7 +56,7 @@ def test_published_transformers_have_the_sizes_they_are_named_by():
 #: the first cell of each row of docs/models.md's memory tables and the FAMILIES entry it is computed from
 DOC_ROWS = {"Qwen-Image": "qwen_image", "FLUX.2 [klein] 4B": "flux2_klein_4b", "FLUX.2 [klein] 9B": "flux2_klein_9b",
             "FLUX.2 [dev]": "flux2_dev", "Z-Image(-Turbo)": "zimage", "Qwen-Image-Edit(-2509 / 2511)": "qwen_image",
-            "FLUX.1 Kontext [dev]": "flux_kontext"}
+            "FLUX.1 Kontext [dev]": "flux_kontext", "Qwen-Image 2.1": "qwen_image21"}
 NUMBER = r"(\d+(?:\.\d+)?)"
 
 
