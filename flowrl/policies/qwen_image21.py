@@ -23,7 +23,8 @@ What differs, each as ``QwenImage21Pipeline`` does it:
 One deviation, for reinforcement learning: the image's RoPE frame position follows the text *including padding*, so
 in the pipeline a prompt's image depends on the longest prompt of its batch. The policy runs each text length as its
 own denoiser batch, without padding, so a row's velocity is the pipeline's for that prompt alone whatever batch it
-is in (rollout and update batches differ). The pipeline's key/value cache of the text (a sampling speed-up) is not
+is in (rollout and update batches differ); under FSDP2, whose every denoiser call is a collective, each row is a call
+of its own (as many on every rank; Flow-Factory's 2.1 recipe runs one sample per device throughout). The pipeline's key/value cache of the text (a sampling speed-up) is not
 used: training needs the gradient through every token.
 """
 
@@ -43,6 +44,7 @@ from flowrl.policies.flow_sigmas import linear_grid, pipeline_sigmas, token_mu
 from flowrl.policies.padded_prompts import MASK, PaddedPromptPolicy, unpadded
 from flowrl.policies.pipeline_policy import joined_problems
 from flowrl.policies.qwen_image import MAX_SEQUENCE_LENGTH, QwenImagePolicy
+from flowrl.policies.sharding import is_sharded
 from flowrl.policies.vl_processor import load_processor, processor_problem
 
 #: QwenImage21Pipeline.__init__ sets vae_scale_factor = 16 (pixels per latent token) whatever the VAE config says
@@ -124,9 +126,14 @@ class QwenImage21Policy(QwenImagePolicy):
         return unpadded(embeds, mask)
 
     def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
-        """The rows grouped by their prompt's length, each group one unpadded denoiser batch (see the module doc)."""
+        """The rows grouped by their prompt's length, each group one unpadded denoiser batch (see the module doc).
+        Under FSDP2 every denoiser call is a collective and the ranks' batches hold different lengths, so each row is
+        its own call: as many calls as rows, the same on every rank (the ranks' batches are one size)."""
         lengths = cond.extra[MASK].sum(dim=1)
-        groups = [torch.nonzero(lengths == n).flatten() for n in lengths.unique().tolist()]
+        if is_sharded(self.denoiser):
+            groups = list(torch.arange(len(latents), device=lengths.device)[:, None])
+        else:
+            groups = [torch.nonzero(lengths == n).flatten() for n in lengths.unique().tolist()]
         packed = torch.cat([self._denoise(latents[rows], sigma[rows], cond.embeds[rows, :int(lengths[rows[0]])])
                             for rows in groups])
         return packed[torch.cat(groups).argsort()]

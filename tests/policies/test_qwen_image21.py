@@ -46,6 +46,21 @@ def test_a_rows_encoding_and_velocity_do_not_depend_on_its_batch(qwen_image21_di
     assert (padded[:1] - first).abs().max() > 1e-3  # padding moves the image in RoPE: the grouping is needed
 
 
+def test_under_fsdp2_each_row_is_its_own_denoiser_call(qwen_image21_dir, monkeypatch):
+    # every FSDP2 call is a collective: the count must not depend on the batch's prompt lengths (rank-local)
+    policy = qwen21(qwen_image21_dir)
+    cond, z, sigma = policy.encode([PROMPTS[0]] * 2 + [PROMPTS[1]]), torch.randn(3, 8, 4, 4), torch.tensor([.9, .5, .2])
+    calls, denoise = [], policy._denoise
+    monkeypatch.setattr(policy, "_denoise", lambda *a: calls.append(len(a[0])) or denoise(*a))
+    with torch.no_grad():
+        grouped = policy.velocity(z, sigma, cond, 1.0)
+        assert calls == [2, 1]  # one call per prompt length
+        monkeypatch.setattr("flowrl.policies.qwen_image21.is_sharded", lambda module: True)
+        calls.clear()
+        torch.testing.assert_close(policy.velocity(z, sigma, cond, 1.0), grouped, atol=1e-6, rtol=0)
+    assert calls == [1, 1, 1]
+
+
 def test_sigmas_are_the_pipelines_shifted_grid_and_a_folders_sample_sigmas(qwen_image21_dir, tmp_path):
     policy, pipe = qwen21(qwen_image21_dir), QwenImage21Pipeline.from_pretrained(qwen_image21_dir)
     pipeline_run(pipe, prompt=PROMPTS[:1], num_inference_steps=4, height=64, width=64)
