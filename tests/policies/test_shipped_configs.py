@@ -1,4 +1,4 @@
-"""Every shipped GPU config (SD3.5, FLUX.1, SD1.5, Qwen-Image, FLUX.2, Z-Image, Qwen-Image-Edit, FLUX.1 Kontext) goes
+"""Every shipped GPU config (SD3.5, FLUX.1, SD1.5, Qwen-Image, Qwen-Image 2.1, FLUX.2, Z-Image, Qwen-Image-Edit, FLUX.1 Kontext) goes
 through the checks a real run makes before loading (the run built, every weight load refused), and fits one batch on a tiny random-weight stand-in of its family:
 the config file as shipped, with only what needs weights, GPUs or the user's prompts swapped (the model folder, reward
 models, devices, the batch size, an edit's sources and their sizes) and every method option left as published."""
