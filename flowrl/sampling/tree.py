@@ -38,7 +38,7 @@ from flowrl.sampling.sampler import (NoiseStream, VelocityFn, apply_step, branch
                                      seeded_noise)
 from flowrl.sampling.steps import ode_kind
 
-_STEP, _SIDE = 1 << 40, 1 << 41  # path markers: a step's noise, a side branch (never equal to a child index)
+_STEP, _SIDE, _GRAIN = 1 << 40, 1 << 41, 1 << 42  # path markers: a step's noise, a side branch, a completion grid
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def sample_trees(velocity: VelocityFn, seeds: Tensor, latent_shape: Sequence[int
         finished.append(frontier)
     elif shape.frontier_leaves:
         pending.append((frontier, shape.stop, False))
-    leaves = _complete(pending, finished, velocity, sigmas, completion_steps, chunk_size, step_kind, store,
+    leaves = _complete(pending, finished, velocity, sigmas, seeds, completion_steps, chunk_size, step_kind, store,
                        shape.granularities)
     nfe, completion_evals = _nfe_shares(leaves, roots)
     return Trees(tree=leaves.tree, node_ids=leaves.history["node"], log_probs=leaves.history["lp"],
@@ -225,11 +225,12 @@ def _merge(parts: list[_Frontier]) -> _Frontier:
 
 
 def _complete(pending: list[tuple[_Frontier, int, bool]], finished: list[_Frontier], velocity: VelocityFn,
-              sigmas: Tensor, completion_steps: Optional[int], chunk_size: Optional[int], step_kind: str,
-              store: list[Tensor], granularities: tuple[int, ...] = (1,)) -> _Frontier:
+              sigmas: Tensor, seeds: Tensor, completion_steps: Optional[int], chunk_size: Optional[int],
+              step_kind: str, store: list[Tensor], granularities: tuple[int, ...] = (1,)) -> _Frontier:
     """The leaves, in order (side branches by step, then the frontier), the pending ones completed with the ODE in
-    one batched call each; a side branch once per granularity (its copies in granularity order, the same node);
-    a completed leaf's last node continues over its completion steps."""
+    one batched call each; a completed leaf's last node continues over its completion steps, except a side branch
+    completed at several granularities: a leaf per granularity (in their order), each completion a node of its own
+    below the branch's (they share the branch's step, not their completions')."""
     parts = []
     for leaves, start, side in pending:
         n, granular = len(leaves.paths), side and tuple(granularities) != (1,)
@@ -237,6 +238,8 @@ def _complete(pending: list[tuple[_Frontier, int, bool]], finished: list[_Fronti
         if granular:
             leaves = _cat([leaves.pick(torch.arange(n)) for _ in granularities])
             n = len(leaves.paths)
+            leaves.paths = [p + (_GRAIN + g,) for p, g in zip(leaves.paths, grains.tolist())]
+            leaves.node = _ids(seeds[leaves.tree], leaves.paths)
         done = ode_complete(velocity, leaves.z, leaves.tree, torch.full((n,), start), sigmas, completion_steps,
                             chunk_size, ode_kind(step_kind), grains if granular else None)
         leaves.z = done.latents

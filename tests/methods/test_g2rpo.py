@@ -70,6 +70,7 @@ def test_members_share_the_anchor_then_differ_and_each_granularity_completes_on_
             nexts = torch.stack([stored(int(i), k + 1) for i in rows])
             assert len(torch.unique(nexts, dim=0)) == 3 and len(rows) == 6
             assert len(torch.unique(trees.node_ids[rows, k])) == 3  # one node per member: trained once
+            assert len(torch.unique(trees.node_ids[rows, -1])) == 6  # each completion a node of its own
 
 
 @pytest.fixture(scope="module")
