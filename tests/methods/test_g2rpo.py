@@ -34,8 +34,8 @@ def toy_trees(T=5, members=3, granularities=(1, 2), fraction=0.5):
     method = method_without_policy(G2RPO, {"num_steps": T, "branches": members, "granularities": list(granularities),
                                            "timestep_fraction": fraction})
     sigmas = torch.tensor([1.0, 0.9, 0.7, 0.5, 0.3, 0.0])[:T + 1]
-    trees = sample_trees(lambda z, s, rows: z.clone(), torch.tensor([3, 4]), (2,), sigmas, method.shape_of(), "flow_grpo",
-                         0.7)
+    trees = sample_trees(lambda z, s, rows: z.clone(), torch.tensor([3, 4]), (2,), sigmas, method.shape_of(),
+                         "flow_grpo", 0.7)
     return method, sigmas, trees
 
 
