@@ -28,8 +28,9 @@ The layers, from the bottom, each the parent of the next (only ``BaseModule``'s 
   one gradient sync each, clipping through the strategy, ratio check, log-prob recomputation, KL).
 - Algorithms, hooks only: :class:`FlowGRPO` (trained-step fraction), :class:`DenseGRPO` (ODE completions of every
   state, calibrated noise) and :class:`TPGRPO` (an SDE window, turning points), the last two sharing the
-  :class:`~flowrl.sampling.completions.Completions` component; the tree methods :class:`TempFlowGRPO`,
-  :class:`TreeRPO` and :class:`BranchGRPO` on :class:`TreeMethod` (one tree per batch row, rows are leaves, every
+  :class:`~flowrl.sampling.completions.Completions` component; the tree methods :class:`TempFlowGRPO` (and
+  :class:`G2RPO` on it: a shared anchor, completions at several granularities), :class:`TreeRPO` and
+  :class:`BranchGRPO` on :class:`TreeMethod` (one tree per batch row, rows are leaves, every
   edge trained once); :class:`TDMR1` and :class:`DiffusionNFT`, which override only ``update`` (named adapters).
 
 Data flow of one training step (``BaseModule.training_step``):
