@@ -29,7 +29,7 @@ tensor([[-0.7071, -0.7071],
         [ 0.7071,  0.7071]])
 """
 
-from flowrl.advantages.granular import granular_evaluations, granular_grpo
+from flowrl.advantages.granular import granular_evaluations, granular_grpo, granular_leaf_advantages
 from flowrl.advantages.outcome import dr_grpo, gpg, grpo, grpo_passk, opo, rloo
 from flowrl.advantages.primitives import (discounted_returns, generalized_advantages, group_stats, masked_whiten,
                                           normalize, scores)
@@ -40,7 +40,8 @@ from flowrl.advantages.trees import tree, tree_nodes
 
 __all__ = [
     "PRESETS", "available", "compute", "register", "resolve",
-    "dr_grpo", "gae", "gigpo", "gpg", "granular_evaluations", "granular_grpo", "grpo", "grpo_passk", "opo", "prime",
+    "dr_grpo", "gae", "gigpo", "gpg", "granular_evaluations", "granular_grpo", "granular_leaf_advantages", "grpo",
+    "grpo_passk", "opo", "prime",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline", "remax", "rloo", "step_grpo", "stratified_grpo", "tree",
     "discounted_returns", "generalized_advantages", "group_stats", "masked_whiten", "normalize", "scores",

@@ -5,7 +5,7 @@ The layers, from the bottom, each the parent of the next (only ``BaseModule``'s 
     LightningModule -> Generation -> Distributed -> StepMetrics -> Trajectories -> BaseModule
     BaseModule -> PolicyGradient -> FlowGRPO (DDPO: FlowGRPO with the ddim step) -> DenseGRPO
                                  -> TPGRPO
-                                 -> TreeMethod -> TempFlowGRPO, TreeRPO, BranchGRPO
+                                 -> TreeMethod -> TempFlowGRPO (-> G2RPO), TreeRPO, BranchGRPO
                -> TDMR1 (its own update on named adapters)
                -> ForwardProcess -> DiffusionNFT, AWM (the forward-process update on named adapters)
 
@@ -28,8 +28,9 @@ The layers, from the bottom, each the parent of the next (only ``BaseModule``'s 
   one gradient sync each, clipping through the strategy, ratio check, log-prob recomputation, KL).
 - Algorithms, hooks only: :class:`FlowGRPO` (trained-step fraction), :class:`DenseGRPO` (ODE completions of every
   state, calibrated noise) and :class:`TPGRPO` (an SDE window, turning points), the last two sharing the
-  :class:`~flowrl.sampling.completions.Completions` component; the tree methods :class:`TempFlowGRPO`,
-  :class:`TreeRPO` and :class:`BranchGRPO` on :class:`TreeMethod` (one tree per batch row, rows are leaves, every
+  :class:`~flowrl.sampling.completions.Completions` component; the tree methods :class:`TempFlowGRPO` (and
+  :class:`G2RPO` on it: a shared anchor, completions at several granularities), :class:`TreeRPO` and
+  :class:`BranchGRPO` on :class:`TreeMethod` (one tree per batch row, rows are leaves, every
   edge trained once); :class:`TDMR1` and :class:`DiffusionNFT`, which override only ``update`` (named adapters).
 
 Data flow of one training step (``BaseModule.training_step``):
@@ -48,6 +49,7 @@ from flowrl.methods.dense_grpo import DenseGRPO
 from flowrl.methods.diffusion_nft import DiffusionNFT
 from flowrl.methods.flow_grpo import FlowGRPO
 from flowrl.methods.forward_process import ForwardProcess
+from flowrl.methods.g2rpo import G2RPO
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.methods.tdm_r1 import TDMR1
 from flowrl.methods.tempflow_grpo import TempFlowGRPO
@@ -55,6 +57,6 @@ from flowrl.methods.tp_grpo import TPGRPO
 from flowrl.methods.tree_method import TreeMethod
 from flowrl.methods.tree_rpo import TreeRPO
 
-__all__ = ["AWM", "BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FlowGRPO", "ForwardProcess",
+__all__ = ["AWM", "BaseModule", "BranchGRPO", "DenseGRPO", "DiffusionNFT", "FlowGRPO", "ForwardProcess", "G2RPO",
            "PolicyGradient", "TDMR1", "TPGRPO",
            "TempFlowGRPO", "TreeMethod", "TreeRPO"]

@@ -18,7 +18,8 @@ from torch import Tensor
 from flowrl.sampling.rollout import Rollout
 
 #: the per-row fields of a rollout that are gathered from every rank (latents and images stay where they are)
-GATHERED = ("group_ids", "seeds", "log_probs", "sigmas", "train_mask", "completion_rewards", "node_ids", "nfe")
+GATHERED = ("group_ids", "seeds", "log_probs", "sigmas", "train_mask", "completion_rewards", "node_ids", "nfe",
+            "granularity")
 
 #: what a hook returns: its tensor, or its tensor and scalar diagnostics the loop logs as ``train/<name>``
 HookOutput = Union[Optional[Tensor], tuple[Optional[Tensor], dict[str, Any]]]

@@ -105,7 +105,7 @@ class TreeMethod(PolicyGradient):
                        sigmas=sigmas.expand(len(leaf), -1), cond_rows=cond_rows[leaf.to(cond_rows.device)],
                        train_mask=(trees.sde_mask & steps).to(self.device), node_ids=trees.node_ids.to(self.device),
                        nfe=trees.nfe.to(self.device), node_latents=trees.node_latents,
-                       state_index=trees.state_index)
+                       state_index=trees.state_index, granularity=trees.granularity.to(self.device))
 
     def advantage_groups(self, batch: Batch) -> Tensor:
         """The rows an advantage is normalised among: ``tree`` (the seed: one tree) or ``prompt`` (its group)."""

@@ -16,6 +16,8 @@ a tree):
 - ``nfe [B]`` the model evaluations spent on each row (a CFG pair counts as one), completions included.
 - ``velocities [B, T, ...]``: the model output at each state, kept only where a method reuses it (one-step
   completion estimates that cost no evaluation).
+- ``granularity [B]`` (tree methods): the granularity of each leaf's ODE completion (G²RPO completes a branch on
+  several grids, a leaf each; 1: every step of the schedule).
 - ``images``, ``rewards {name: [B]}``, ``completion_rewards [B, K]`` (ODE completions' weighted totals, dense
   methods), ``step_rewards [B, T]`` (set by the loop from the method's hook).
 """
@@ -50,6 +52,7 @@ class Rollout:
     node_latents: Optional[Tensor] = None
     state_index: Optional[Tensor] = None
     velocities: Optional[Tensor] = None
+    granularity: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         if self.cond_rows is None:  # row i is conditioned by the batch's prompt i

@@ -11,7 +11,9 @@ the model in one batched call (chunked only by ``chunk_size``). A :class:`TreeSh
 - ``side[k]``: one-step SDE side branches per frontier node that leave the tree at once and are completed with the
   ODE; they reuse the frontier's velocity at ``z_k`` (TempFlow-GRPO's branches off its ODE trajectory);
 - ``stop``: the frontier's last step + 1; its nodes are then completed with the ODE to the end (or are final at
-  ``stop = T``); ``frontier_leaves`` says whether they are scored rows.
+  ``stop = T``); ``frontier_leaves`` says whether they are scored rows;
+- ``granularities``: each side branch is completed once per granularity ``g`` (a leaf each), on the schedule's next
+  point then every ``g``-th (G²RPO's multi-granularity completions; ``(1,)``: once, on every step).
 
 Every leaf (a row) records its path: the node reached by each step (``node_ids [L, T]``, a run of equal ids being
 one node), the log-prob of each transition, which were stochastic, and where its states lie in ``node_latents``:
@@ -36,7 +38,7 @@ from flowrl.sampling.sampler import (NoiseStream, VelocityFn, apply_step, branch
                                      seeded_noise)
 from flowrl.sampling.steps import ode_kind
 
-_STEP, _SIDE = 1 << 40, 1 << 41  # path markers: a step's noise, a side branch (never equal to a child index)
+_STEP, _SIDE, _GRAIN = 1 << 40, 1 << 41, 1 << 42  # path markers: a step's noise, a side branch, a completion grid
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class TreeShape:
     side: tuple[int, ...]
     stop: int
     frontier_leaves: bool = True
+    granularities: tuple[int, ...] = (1,)
 
     def problems(self) -> list[str]:
         """What makes the shape impossible (sizes, a split on an ODE step, nothing to score)."""
@@ -59,19 +62,22 @@ class TreeShape:
             out.append("every split step must be an SDE step, with at least 1 child")
         elif not self.frontier_leaves and not any(self.side[:self.stop]):
             out.append("a tree without frontier leaves needs side branches to score")
+        if not self.granularities or min(self.granularities) < 1:
+            out.append(f"granularities {list(self.granularities)}: give at least one, each >= 1")
         return out
 
     def leaves(self) -> int:
         """Leaves (rows) per tree."""
         frontier, side = 1, 0
         for k in range(self.stop):
-            side += frontier * self.side[k]
+            side += frontier * self.side[k] * len(self.granularities)
             frontier *= self.splits[k]
         return side + (frontier if self.frontier_leaves else 0)
 
     def evaluations(self, completion_steps: Optional[int] = None) -> int:
         """Model evaluations per tree (a CFG pair counted once): one per frontier node and step, plus each leaf's ODE
-        completion, ``min(completion_steps, T - start)`` steps from where it leaves the frontier.
+        completion, ``min(completion_steps, T - start)`` steps from where it leaves the frontier (a side branch's
+        completion at granularity ``g``: ``ceil((T - start) / g)``).
 
         >>> TreeShape(splits=(1, 2, 2), sde=(False, True, True), noise_scale=(1.0,) * 3, side=(0,) * 3,
         ...           stop=3).evaluations()  # 1 + 1 + 2 frontier nodes, no completion
@@ -79,12 +85,15 @@ class TreeShape:
         >>> TreeShape(splits=(1,) * 4, sde=(False,) * 4, noise_scale=(1.0,) * 4, side=(2, 2, 0, 0), stop=2,
         ...           frontier_leaves=False).evaluations()  # trunk 2 + side branches: 2 x 3 (from 1) + 2 x 2 (from 2)
         12
+        >>> TreeShape(splits=(1,) * 4, sde=(False,) * 4, noise_scale=(1.0,) * 4, side=(2, 0, 0, 0), stop=1,
+        ...           frontier_leaves=False, granularities=(1, 2)).evaluations()  # 1 + 2 x (3 + 2)
+        11
         """
         T = len(self.splits)
-        steps = lambda start: min(completion_steps or T, T - start)  # noqa: E731
+        steps = lambda start, g=1: -(-min(completion_steps or T, T - start) // g)  # noqa: E731  (ceil)
         frontier, total = 1, 0
         for k in range(self.stop):
-            total += frontier + frontier * self.side[k] * steps(k + 1)
+            total += frontier + frontier * self.side[k] * sum(steps(k + 1, g) for g in self.granularities)
             frontier *= self.splits[k]
         return total + (frontier * steps(self.stop) if self.frontier_leaves else 0)
 
@@ -93,7 +102,8 @@ class TreeShape:
 class Trees:
     """Sampled trees, one row per leaf: ``tree [L]`` (the input tree of each leaf), ``node_ids``, ``log_probs``,
     ``sde_mask [L, T]``, ``state_index [L, T+1]`` into ``node_latents [N, ...]`` (-1: not stored), ``final [L, ...]``
-    clean latents, ``nfe [L]`` float, and ``evaluations`` (model rows evaluated in all)."""
+    clean latents, ``nfe [L]`` float, ``granularity [L]`` long (of each leaf's completion; 1 for the frontier's),
+    and ``evaluations`` (model rows evaluated in all)."""
 
     tree: Tensor
     node_ids: Tensor
@@ -104,6 +114,7 @@ class Trees:
     final: Tensor
     nfe: Tensor
     evaluations: int
+    granularity: Optional[Tensor] = None
 
 
 @dataclass
@@ -147,7 +158,7 @@ def sample_trees(velocity: VelocityFn, seeds: Tensor, latent_shape: Sequence[int
     store.extend(z0.unbind(0))
     roots = _ids(seeds, [()] * P)
     frontier = _Frontier(z0, torch.arange(P), [()] * P, roots, history)
-    pending: list[tuple[_Frontier, int]] = []  # (leaves to complete with the ODE, the state they start from)
+    pending: list[tuple[_Frontier, int, bool]] = []  # (leaves to complete with the ODE, from which state, side)
     finished: list[_Frontier] = []
     evaluations = 0
     for k in range(shape.stop):
@@ -159,7 +170,7 @@ def sample_trees(velocity: VelocityFn, seeds: Tensor, latent_shape: Sequence[int
         for j in range(shape.side[k]):  # one-step SDE branches off z_k, reusing v
             paths = [p + (_SIDE + k * 1024 + j,) for p in frontier.paths]
             child = _advance(frontier, v, k, paths, step_kind, sigma, sigma_next, levels[k], tree_seeds, store, True)
-            pending.append((child, k + 1))
+            pending.append((child, k + 1, True))
         children = []
         for c in range(shape.splits[k]):
             paths = [p + (c,) for p in frontier.paths] if shape.splits[k] > 1 else frontier.paths
@@ -169,13 +180,14 @@ def sample_trees(velocity: VelocityFn, seeds: Tensor, latent_shape: Sequence[int
     if shape.frontier_leaves and shape.stop == T:
         finished.append(frontier)
     elif shape.frontier_leaves:
-        pending.append((frontier, shape.stop))
-    leaves = _complete(pending, finished, velocity, sigmas, seeds, completion_steps, chunk_size, step_kind, store)
+        pending.append((frontier, shape.stop, False))
+    leaves = _complete(pending, finished, velocity, sigmas, seeds, completion_steps, chunk_size, step_kind, store,
+                       shape.granularities)
     nfe, completion_evals = _nfe_shares(leaves, roots)
     return Trees(tree=leaves.tree, node_ids=leaves.history["node"], log_probs=leaves.history["lp"],
                  sde_mask=leaves.history["sde"], state_index=leaves.history["state"],
                  node_latents=torch.stack(store) if store else z0[:0], final=leaves.z, nfe=nfe,
-                 evaluations=evaluations + completion_evals)
+                 evaluations=evaluations + completion_evals, granularity=leaves.history["granularity"])
 
 
 def _advance(frontier: _Frontier, v: Tensor, k: int, paths: list[tuple], step_kind: str, sigma: Tensor,
@@ -199,37 +211,49 @@ def _advance(frontier: _Frontier, v: Tensor, k: int, paths: list[tuple], step_ki
     return child
 
 
+def _cat(parts: list[_Frontier]) -> _Frontier:
+    """The frontiers one after the other."""
+    return parts[0] if len(parts) == 1 else _Frontier(
+        torch.cat([p.z for p in parts]), torch.cat([p.tree for p in parts]), [x for p in parts for x in p.paths],
+        torch.cat([p.node for p in parts]), {k: torch.cat([p.history[k] for p in parts]) for k in parts[0].history})
+
+
 def _merge(parts: list[_Frontier]) -> _Frontier:
     """The children of every node, node by node (a node's children next to each other)."""
     order = torch.arange(len(parts) * len(parts[0].paths)).view(len(parts), -1).t().reshape(-1)
-    joined = _Frontier(torch.cat([p.z for p in parts]), torch.cat([p.tree for p in parts]),
-                       [x for p in parts for x in p.paths], torch.cat([p.node for p in parts]),
-                       {k: torch.cat([p.history[k] for p in parts]) for k in parts[0].history})
-    return joined.pick(order)
+    return _cat(parts).pick(order)
 
 
-def _complete(pending: list[tuple[_Frontier, int]], finished: list[_Frontier], velocity: VelocityFn,
+def _complete(pending: list[tuple[_Frontier, int, bool]], finished: list[_Frontier], velocity: VelocityFn,
               sigmas: Tensor, seeds: Tensor, completion_steps: Optional[int], chunk_size: Optional[int],
-              step_kind: str, store: list[Tensor]) -> _Frontier:
+              step_kind: str, store: list[Tensor], granularities: tuple[int, ...] = (1,)) -> _Frontier:
     """The leaves, in order (side branches by step, then the frontier), the pending ones completed with the ODE in
-    one batched call; a completed leaf's last node continues over its completion steps."""
+    one batched call each; a completed leaf's last node continues over its completion steps, except a side branch
+    completed at several granularities: a leaf per granularity (in their order), each completion a node of its own
+    below the branch's (they share the branch's step, not their completions')."""
     parts = []
-    for leaves, start in pending:
-        n = len(leaves.paths)
+    for leaves, start, side in pending:
+        n, granular = len(leaves.paths), side and tuple(granularities) != (1,)
+        grains = torch.tensor(granularities if granular else (1,)).repeat_interleave(n)  # [n * copies]
+        if granular:
+            leaves = _cat([leaves.pick(torch.arange(n)) for _ in granularities])
+            n = len(leaves.paths)
+            leaves.paths = [p + (_GRAIN + g,) for p, g in zip(leaves.paths, grains.tolist())]
+            leaves.node = _ids(seeds[leaves.tree], leaves.paths)
         done = ode_complete(velocity, leaves.z, leaves.tree, torch.full((n,), start), sigmas, completion_steps,
-                            chunk_size, ode_kind(step_kind))
+                            chunk_size, ode_kind(step_kind), grains if granular else None)
         leaves.z = done.latents
         leaves.history["node"][:, start:] = leaves.node[:, None]
         leaves.history["completion"] = done.nfe.float()
+        leaves.history["granularity"] = grains
         leaves.history["state"][:, -1] = torch.arange(len(store), len(store) + n)
         store.extend(done.latents.unbind(0))
         parts.append(leaves)
     for leaves in finished:
         leaves.history["completion"] = torch.zeros(len(leaves.paths))
+        leaves.history["granularity"] = torch.ones(len(leaves.paths), dtype=torch.long)
         parts.append(leaves)
-    return parts[0] if len(parts) == 1 else _Frontier(
-        torch.cat([p.z for p in parts]), torch.cat([p.tree for p in parts]), [x for p in parts for x in p.paths],
-        torch.cat([p.node for p in parts]), {k: torch.cat([p.history[k] for p in parts]) for k in parts[0].history})
+    return _cat(parts)
 
 
 def _nfe_shares(leaves: _Frontier, roots: Tensor) -> tuple[Tensor, int]:

@@ -86,3 +86,27 @@ def test_cost_refuses_impossible_grids(bad):
 def test_table_shape_is_checked():
     with pytest.raises(ValueError, match=r"\[B, K, C\]"):
         granular_grpo(TABLE, torch.ones(6, 3, dtype=torch.bool), GROUPS)
+
+
+def test_leaves_of_a_tree_give_the_authors_advantages():
+    # the same table as leaves of a tree rollout: one leaf per (member, step, granularity), shuffled, scored by two
+    # rewards; the leaves of a branch (member, step) share its node id, and each gets the branch's summed advantage
+    from flowrl.advantages import granular_leaf_advantages
+    member, step, grain = torch.meshgrid(torch.arange(6), torch.arange(2), torch.arange(2), indexing="ij")
+    member, step, grain = member.reshape(-1), step.reshape(-1), grain.reshape(-1)
+    order = torch.randperm(len(member), generator=torch.Generator().manual_seed(0))
+    member, step, grain = member[order], step[order], grain[order]
+    scores = {"hps": TABLE[member, step, grain], "clip": TABLE[member, step, 2 + grain]}
+    mask = torch.nn.functional.one_hot(step, 2).bool()
+    nodes = (100 + 10 * member + step)[:, None].expand(-1, 2)  # one node per branch, as the tree sampler's ids
+    got, ok = granular_leaf_advantages(scores, {"hps": 1.0, "clip": 1.0}, mask, grain + 1, nodes, GROUPS[member],
+                                       torch.ones(len(member), dtype=torch.bool), clip=5.0)
+    expected = authors_advantages(TABLE, 3)[member, step].float()
+    torch.testing.assert_close(got[mask], expected, rtol=0, atol=1e-5)
+    assert ok.all() and not got[~mask].any()
+    # a reward left unscored on one leaf takes its branch out of the statistics (0, flagged), not the whole group
+    scores["clip"][0] = float("nan")
+    _, ok = granular_leaf_advantages(scores, {"hps": 1.0, "clip": 1.0}, mask, grain + 1, nodes, GROUPS[member],
+                                     torch.ones(len(member), dtype=torch.bool))
+    same_branch = (member == member[0]) & (step == step[0])
+    assert torch.equal(ok, ~same_branch)

@@ -70,13 +70,21 @@ def test_group_size_one_and_missing_model_fail_clearly(tmp_path, capsys):
         main(["fit", "--config", CONFIG, "--model.init_args.step_kind=sde"])
 
 
-def test_resume_continues_exactly(tiny_model_dir, tmp_path):
+def g2rpo_fit_args(model_dir, out, *extra):
+    """G²RPO's tree (one per prompt: a shared anchor, 2 members, 2 granularities) on fit_tiny.yaml."""
+    from tests.methods.test_tree_methods import tree_fit  # that module imports this one
+    return tree_fit(model_dir, out, "flowrl.methods.G2RPO", "--model.init_args.branches=2", *extra)
+
+
+@pytest.mark.parametrize("method", ["flow_grpo", "g2rpo"])
+def test_resume_continues_exactly(tiny_model_dir, tmp_path, method):
+    args = {"flow_grpo": fit_args, "g2rpo": g2rpo_fit_args}[method]
     ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
             "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1"]
-    main(fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4", *ckpt))
-    main(fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ckpt))
+    main(args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4", *ckpt))
+    main(args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ckpt))
     saved = next(Path(tmp_path / "first").rglob("*step=2.ckpt"))
-    main(fit_args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}"))
+    main(args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}"))
     straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
     assert sorted(resumed) == ["step2_rank0", "step3_rank0"]
     for key in resumed:
@@ -84,6 +92,8 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path):
         assert torch.equal(straight[key]["advantages"], resumed[key]["advantages"])
     ws, wr = torch.load(tmp_path / "straight/dump/weights.pt"), torch.load(tmp_path / "resumed/dump/weights.pt")
     assert all(torch.equal(ws[k], wr[k]) for k in ws)
+    if method != "flow_grpo":  # the restart from a finished run's last.ckpt is Lightning's: once
+        return
     # a finished run's last.ckpt (saved when max_steps is reached on the epoch's last batch: 4 prompts / 2 groups = 2
     # batches per epoch) resumed to more steps: Lightning restarts the next epoch with its batch counter unreset
     last = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true",

@@ -40,6 +40,7 @@ SWITCHES = [
     ("DiffusionNFT", None, None, True),
     ("TPGRPO", "--model.init_args.window_size=6", "--model.init_args.window_size=6", True),
     ("TempFlowGRPO", "--data.group_size=18", "use 18, 36", False),
+    ("G2RPO", "--data.group_size=72", "use 72, 144", False),  # 12 members x 3 of 6 steps x 2 granularities
     ("TreeRPO", "--data.group_size=16", "use 16, 32", True),
     ("BranchGRPO", "--data.group_size=16", "use 16, 32", True),
     ("TDMR1", "--model.init_args.guidance_scale=1.0", "use 1.0", True),

@@ -69,6 +69,7 @@ METHODS = {
     "tempflow_grpo": ("flowrl.methods.TempFlowGRPO", {"branches": 2}),
     "tree_rpo": ("flowrl.methods.TreeRPO", {"window_size": 2, "branches": 2}),
     "branch_grpo": ("flowrl.methods.BranchGRPO", {"split_steps": [0, 1], "branches": 2}),
+    "g2rpo": ("flowrl.methods.G2RPO", {"branches": 2}),
     "diffusion_nft": ("flowrl.methods.DiffusionNFT", {}),
     "tdm_r1": ("flowrl.methods.TDMR1", {"num_steps": 2, "num_train_steps": 1}),
 }
@@ -81,7 +82,7 @@ REFUSED = {
     ("tdm_r1", "flux2_dev"): "guidance-distilled",
 }
 #: where the step kind is an option of the method, and where guidance options exist (the others would be unknown keys)
-POLICY_GRADIENT = {"flow_grpo", "dense_grpo", "tp_grpo", "tempflow_grpo", "tree_rpo", "branch_grpo"}
+POLICY_GRADIENT = {"flow_grpo", "dense_grpo", "tp_grpo", "tempflow_grpo", "tree_rpo", "branch_grpo", "g2rpo"}
 NEW_FAMILIES = ["qwen_image", "qwen_image21", "flux2", "zimage", "qwen_edit", "kontext", "wan"]
 
 

@@ -22,6 +22,7 @@ COVERING = [("flow_grpo", "zimage"), ("flow_grpo", "wan"),
             ("tempflow_grpo", "flux2"), ("tempflow_grpo", "kontext"),
             ("tree_rpo", "zimage"), ("tree_rpo", "qwen_edit"), ("tree_rpo", "wan"),
             ("branch_grpo", "qwen_image"), ("branch_grpo", "kontext"),
+            ("g2rpo", "flux2"), ("g2rpo", "zimage"),
             ("diffusion_nft", "qwen_image"), ("diffusion_nft", "qwen_edit"),
             ("tdm_r1", "flux2_distilled"), ("tdm_r1", "zimage"),
             # Qwen-Image 2.1: a tree, the negative-aware fine-tuning and the distillation family (Flow-GRPO:
