@@ -7,8 +7,8 @@ consistency). Each dimension is its own reward callback, so the YAML weights it,
       - {class_path: flowrl.rewards.VideoReward, init_args: {dimension: VQ, weight: 1.0}}
       - {class_path: flowrl.rewards.VideoReward, init_args: {dimension: MQ, weight: 0.5}}
 
-Callbacks of one class with the same ``model``, device and dtype share the loaded weights (one copy per process),
-and the scores of the last chunk: the reward set asks each dimension in turn for the same clips, and all but the
+Callbacks of one class with the same ``model``, device, dtype and options (all but ``dimension``, ``name`` and
+``weight``) share the loaded weights (one copy per process) and the scores of the last chunk: the reward set asks each dimension in turn for the same clips, and all but the
 first get the judge's answer without running it again.
 """
 
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from flowrl.rewards.base import ModelReward
 
-#: (class, model, device, dtype) -> the loaded judge, and -> (clips, prompts, {dimension: scores}) of its last chunk
+#: (class, model, device, dtype, options) -> the loaded judge, and -> (clips, prompts, {dimension: scores}) of its last chunk
 _JUDGES: dict[tuple, Any] = {}
 _LAST: dict[tuple, tuple[Tensor, list[str], dict[str, Tensor]]] = {}
 
@@ -44,11 +44,14 @@ class SharedJudge(ModelReward):
         super().__init__(model, weight, name or f"{self.default_name}_{dimension.lower()}", batch_size, device, dtype,
                          frames="all")
 
+    #: the options that change what the judge answers (set by subclasses in ``__init__``)
+    options: tuple = ()
+
     def _key(self, device: torch.device) -> tuple:
-        return type(self), self.model_id, str(device), self.dtype
+        return type(self), self.model_id, str(device), self.dtype, self.options
 
     def load(self, device=None) -> "SharedJudge":
-        """The judge loaded once per (class, model, device, dtype) and shared by every dimension's callback."""
+        """The judge loaded once per (class, model, device, dtype, options) and shared by every dimension's callback."""
         device = torch.device(device or self.device or "cpu")
         key = self._key(device)
         if key not in _JUDGES:

@@ -79,6 +79,16 @@ class VideoReward(SharedJudge):
         self.base_model, self.checkpoint_step, self.clip_fps = base_model, checkpoint_step, clip_fps
         self.overrides = {"fps": fps, "num_frames": num_frames, "max_frame_pixels": max_pixels}
         self.min_pixels, self.use_norm = min_pixels, use_norm
+        self.options = (base_model, checkpoint_step, clip_fps, fps, num_frames, max_pixels, min_pixels, use_norm)
+
+    @classmethod
+    def config_problems(cls, init_args: dict[str, Any]) -> list[str]:
+        """A local checkpoint folder that is not one (see :func:`~flowrl.rewards.videoalign_checkpoint.config_problems`),
+        reported by the CLI with the config's other problems."""
+        model = init_args.get("model")
+        if isinstance(model, str) and Path(model).expanduser().is_dir():
+            return [f"VideoReward model={model!r}: {p}" for p in ckpt.config_problems(str(Path(model).expanduser()))]
+        return []
 
     def _load(self, model: str, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration

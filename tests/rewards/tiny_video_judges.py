@@ -63,6 +63,21 @@ def qwen2_vl_base(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def qwen25_vl_judge(folder: Path, seed: int = 0) -> Path:
+    """A tiny ``Qwen2_5_VLForConditionalGeneration`` with its tokenizer and processor settings: VideoScore2's layout."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from flowrl.rewards.videoscore2 import QUERY_TEMPLATE
+
+    tokenizer = _tokenizer([QUERY_TEMPLATE.template] * 20)
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16,
+              "fullatt_block_indexes": [0], "window_size": 56}
+    torch.manual_seed(seed)
+    Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**_configs(tokenizer, vision))).save_pretrained(folder)
+    _save_processor(folder, tokenizer)
+    return folder
+
+
 def videoalign_folder(folder: Path, base: Path, lora: bool = False, step: int = 7, seed: int = 1,
                       norm: bool = True) -> Path:
     """A VideoAlign checkpoint folder on the tiny ``base``: ``model_config.json`` as the published one (fps 2,
