@@ -183,3 +183,28 @@ def test_videoscore2_generates_from_a_tiny_clip_and_reads_scores_as_the_authors(
     torch.testing.assert_close(scored["mean"].float(), torch.full((2,), sum(want.values()) / 3))
     reward.score_kind = "hard"
     assert reward._judge(clips(), PROMPTS)["PC"].tolist() == [5.0, 5.0]
+
+
+def test_both_judges_are_served_whole_clips_by_the_reward_server(judges, monkeypatch):
+    """The reward server's API in process (as ``test_reward_api.py``): a request of clips (8-bit PNGs, frame by
+    frame) is scored by each judge as the same clips are here, and ``RemoteReward(clips=True)`` sends them whole."""
+    pytest.importorskip("litserve", reason="the reward server needs the `serve` extra")
+    from flowrl.rewards import RemoteReward
+    from flowrl.rewards.protocol import decode_scores, encode_images
+    from flowrl.rewards.serve import RewardAPI
+
+    served = [VideoReward(str(judges.videoalign), dimension="MQ", **TINY),
+              VideoScore2(str(judges.videoscore2), dimension="PC", max_pixels=MAX_PIXELS, max_new_tokens=2, **TINY)]
+    api = RewardAPI(served)
+    api.setup("cpu")
+    video = (clips() * 255).round() / 255  # what 8-bit PNGs carry
+    answer = api.encode_response(api.predict(api.decode_request({"images": encode_images(video), "prompts": PROMPTS})))
+    scores = decode_scores(answer["scores"])
+    torch.testing.assert_close(scores["videoreward_mq"], served[0].score(video, PROMPTS))
+    assert torch.isnan(scores["videoscore2_pc"]).all()  # the random judge writes no score, here as there
+    remote = RemoteReward("http://127.0.0.1:1", reward="videoreward_mq", clips=True, encoding="array")
+    sent = []
+    monkeypatch.setattr(remote, "_request", lambda method, path, body: sent.append(body) or api.predict(
+        api.decode_request(body)))
+    torch.testing.assert_close(remote.score(video, PROMPTS), scores["videoreward_mq"])
+    assert sent[0]["images"]["shape"] == [2, 9, 3, 28, 56]
