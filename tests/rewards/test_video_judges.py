@@ -208,3 +208,35 @@ def test_both_judges_are_served_whole_clips_by_the_reward_server(judges, monkeyp
         api.decode_request(body)))
     torch.testing.assert_close(remote.score(video, PROMPTS), scores["videoreward_mq"])
     assert sent[0]["images"]["shape"] == [2, 9, 3, 28, 56]
+
+
+@pytest.mark.slow  # ~15 s of fit on an idle core; its parts are default tests: the judge scoring a clip through its
+# loading path (above), the config built by tests/cli/test_every_config_builds.py, and the same Flow-GRPO video
+# settings fitted by tests/policies/test_wan_fit.py[wan21_flow_grpo]
+def test_the_videoreward_config_fits_two_steps_with_a_tiny_judge(judges, tmp_path):
+    """``configs/wan21_videoreward_flow_grpo.yaml`` as shipped, on a tiny Wan 2.1 (32 px, 9 frames) and the tiny
+    VideoReward in place of the published one: each dimension is scored on every rollout and logged, the update
+    recomputes the sampled log-probs (ratio 1) and the LoRA moves."""
+    import yaml
+    from diffusers import WanPipeline
+
+    from flowrl.cli import main
+    from tests.policies.test_wan_fit import ROOT, logged, tiny_overlay
+    from tests.policies.tiny_wan import save, wan21
+
+    config = "wan21_videoreward_flow_grpo"
+    shipped = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())["trainer"]["callbacks"]
+    judged = [c for c in shipped if c["class_path"] == "flowrl.rewards.VideoReward"]
+    assert [c["init_args"]["dimension"] for c in judged] == ["VQ", "MQ", "TA"]
+    overlay = tiny_overlay(tmp_path, str(save(WanPipeline, wan21, tmp_path / "wan21")), config)
+    layer = yaml.safe_load(overlay.read_text())
+    layer["trainer"]["callbacks"] = [
+        {"class_path": c["class_path"], "init_args": {**c["init_args"], "model": str(judges.videoalign), **TINY}}
+        for c in judged] + [{"class_path": "tests.cli.dump_outputs.DumpOutputs", "init_args": {"out": str(tmp_path)}}]
+    overlay.write_text(yaml.safe_dump(layer))
+    main(["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), "--config", str(overlay)])
+    metrics = logged(tmp_path)
+    assert metrics["train/check_ratio_max_dev"] < 1e-5
+    for dimension in ("vq", "mq", "ta"):
+        assert torch.isfinite(torch.tensor(metrics[f"train/reward/videoreward_{dimension}"]))
+    assert any(v.any() for k, v in torch.load(tmp_path / "weights.pt").items() if "lora_B" in k)

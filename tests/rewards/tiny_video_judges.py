@@ -23,7 +23,8 @@ MIN_PIXELS, MAX_PIXELS = 28 * 28, 56 * 56  # frames of 28-56 px stay as they are
 
 
 def _tokenizer(corpus: list[str]):
-    tokenizer = qwen_tokenizer(corpus + [WORDS] * 5, IM_TOKENS + VISION_TOKENS, vocab_size=600)
+    # up to 2,000 pieces: VideoAlign's 588-word rubric is 818 tokens (1,392 at 600): the judge's cost here
+    tokenizer = qwen_tokenizer(corpus + [WORDS] * 5, IM_TOKENS + VISION_TOKENS, vocab_size=2000)
     tokenizer.chat_template = VL_CHAT_TEMPLATE
     return tokenizer
 
