@@ -15,15 +15,18 @@ first get the judge's answer without running it again.
 from __future__ import annotations
 
 from typing import Any, Optional
+from weakref import WeakSet
 
 import torch
 from torch import Tensor
 
 from flowrl.rewards.base import ModelReward
 
-#: (class, model, device, dtype, options) -> the loaded judge, and -> (clips, prompts, {dimension: scores}) of its last chunk
+#: (class, model, device, dtype, options) -> the loaded judge; (class, model) -> its live callbacks; key -> the last
+#: chunk's clips (the caller's tensor, not a copy), prompts, scores {dimension: [B]} and the callbacks that read them
 _JUDGES: dict[tuple, Any] = {}
-_LAST: dict[tuple, tuple[Tensor, list[str], dict[str, Tensor]]] = {}
+_USERS: dict[tuple, WeakSet] = {}
+_LAST: dict[tuple, tuple[Tensor, list[str], dict[str, Tensor], WeakSet]] = {}
 
 
 class SharedJudge(ModelReward):
@@ -43,6 +46,7 @@ class SharedJudge(ModelReward):
         self.dimension = dimension
         super().__init__(model, weight, name or f"{self.default_name}_{dimension.lower()}", batch_size, device, dtype,
                          frames="all")
+        _USERS.setdefault((type(self), self.model_id), WeakSet()).add(self)
 
     #: the options that change what the judge answers (set by subclasses in ``__init__``)
     options: tuple = ()
@@ -62,9 +66,13 @@ class SharedJudge(ModelReward):
     def _score(self, images: Tensor, prompts: list[str], metadata: dict[str, Any]) -> Tensor:
         key = self._key(self.model_device)
         last = _LAST.get(key)
-        if not (last is not None and last[1] == list(prompts) and last[0].shape == images.shape
-                and torch.equal(last[0], images)):
-            _LAST[key] = last = (images.detach().clone(), list(prompts), self._judge(images, list(prompts)))
+        if not (last is not None and self not in last[3] and last[1] == list(prompts)
+                and last[0].shape == images.shape and torch.equal(last[0], images)):
+            _LAST[key] = last = (images, list(prompts), self._judge(images, list(prompts)), WeakSet())
+        last[3].add(self)
+        users = {u for u in _USERS[(type(self), self.model_id)] if (u.dtype, u.options) == (self.dtype, self.options)}
+        if set(last[3]) >= users:  # every dimension has its scores: let the clips go
+            _LAST.pop(key, None)
         return last[2][self.dimension].float().cpu()
 
     def _judge(self, clips: Tensor, prompts: list[str]) -> dict[str, Tensor]:
