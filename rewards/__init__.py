@@ -16,7 +16,7 @@ _LAZY = {
     "HPSv2": "hps", "ImageReward": "image_reward", "ImageSimilarity": "image_similarity",
     "JpegCompressibility": "jpeg", "JpegIncompressibility": "jpeg", "jpeg_size_kb": "jpeg", "OcrReward": "ocr",
     "PickScore": "pickscore", "RemoteReward": "remote", "TemporalConsistency": "temporal_consistency",
-    "VlmJudge": "vlm_judge",
+    "VideoReward": "video_reward", "VideoScore2": "videoscore2", "VlmJudge": "vlm_judge",
 }
 
 __all__ = sorted([*_LAZY, "ModelReward", "RewardCallback", "RewardSet", "reward_callbacks"])

@@ -4,6 +4,8 @@ Request (``POST /score``):
 
     {"images": {"encoding": "png", "data": [<base64 PNG>, ...]}          # 8-bit RGB, one PNG per image
             or {"encoding": "array", "shape": [B, 3, H, W], "data": <base64 of float32 little-endian bytes>},
+               # clips: {"encoding": "png", "frames": F, "data": [B * F PNGs, clip by clip]}
+               #     or {"encoding": "array", "shape": [B, F, 3, H, W], "data": ...}
      "prompts": [B strings], "metadata": {"seeds": [B ints], ...}, "rewards": ["name", ...] (optional: all)}
 
 Response:
@@ -37,22 +39,27 @@ ENCODINGS = ("png", "array")
 
 
 def encode_images(images: Tensor, encoding: str = "png") -> dict[str, Any]:
-    """JSON-ready images ``[B, 3, H, W]`` in ``[0, 1]``: 8-bit PNGs (small) or exact float32 arrays.
+    """JSON-ready images ``[B, 3, H, W]`` or clips ``[B, F, 3, H, W]`` in ``[0, 1]``: 8-bit PNGs (small; a clip's
+    frames in order, with ``frames``) or exact float32 arrays.
 
-    >>> x = torch.rand(2, 3, 4, 5)
+    >>> x, clips = torch.rand(2, 3, 4, 5), torch.rand(2, 3, 3, 4, 5)
     >>> torch.equal(decode_images(encode_images(x, "array")), x)
     True
     >>> torch.equal(decode_images(encode_images(x, "png")), (x * 255).round() / 255)
     True
+    >>> torch.equal(decode_images(encode_images(clips, "png")), (clips * 255).round() / 255)
+    True
     """
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding={encoding!r}; choose one of {ENCODINGS}")
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(f"expected images [B, 3, H, W]; got {tuple(images.shape)}")
+    if images.ndim not in (4, 5) or images.shape[-3] != 3:
+        raise ValueError(f"expected images [B, 3, H, W] or clips [B, F, 3, H, W]; got {tuple(images.shape)}")
     images = images.detach().float().cpu()
     if encoding == "array":
         data = images.contiguous().numpy().astype("<f4").tobytes()
         return {"encoding": "array", "shape": list(images.shape), "data": base64.b64encode(data).decode()}
+    if images.ndim == 5:
+        return {**encode_images(images.flatten(0, 1), "png"), "frames": images.shape[1]}
     pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
     pngs = []
     for array in pixels:
@@ -63,11 +70,11 @@ def encode_images(images: Tensor, encoding: str = "png") -> dict[str, Any]:
 
 
 def decode_images(payload: Any) -> Tensor:
-    """Images ``[B, 3, H, W]`` float32 in ``[0, 1]`` from :func:`encode_images`' output.
+    """Images ``[B, 3, H, W]`` or clips ``[B, F, 3, H, W]`` float32 in ``[0, 1]`` from :func:`encode_images`' output.
 
     Raises ``ValueError`` naming the field and the fix for anything else: a missing or unknown ``encoding``, data
-    that is not base64 or not a PNG, PNGs of several sizes, no images at all, or an array whose ``shape`` does not
-    match its data.
+    that is not base64 or not a PNG, PNGs of several sizes, no images at all, an array whose ``shape`` does not
+    match its data, or PNGs that do not fill whole clips of ``frames``.
 
     >>> decode_images({"encoding": "png", "data": []})
     Traceback (most recent call last):
@@ -87,9 +94,10 @@ def decode_images(payload: Any) -> Tensor:
     data = payload.get("data")
     if encoding == "array":
         shape = payload.get("shape")
-        if not (isinstance(shape, list) and len(shape) == 4 and all(type(s) is int and s > 0 for s in shape)
-                and shape[1] == 3):
-            raise ValueError(f"images.shape={shape!r} must be [B, 3, H, W] with B, H, W >= 1 (array encoding)")
+        if not (isinstance(shape, list) and len(shape) in (4, 5) and all(type(s) is int and s > 0 for s in shape)
+                and shape[-3] == 3):
+            raise ValueError(f"images.shape={shape!r} must be [B, 3, H, W] or [B, F, 3, H, W] with B, F, H, W >= 1 "
+                             f"(array encoding)")
         if not isinstance(data, str):
             raise ValueError(f"images.data must be a base64 string of float32 values (array encoding); "
                              f"got {json_type_name(data)}")
@@ -98,6 +106,14 @@ def decode_images(payload: Any) -> Tensor:
             raise ValueError(f"images.data holds {flat.size} bytes but images.shape={shape} needs "
                              f"{4 * math.prod(shape)} (float32 little-endian)")
         return torch.from_numpy(flat.view("<f4").astype(np.float32)).reshape(shape)
+    frames = payload.get("frames")
+    if frames is not None and not (type(frames) is int and frames >= 1 and isinstance(data, list)
+                                   and len(data) % frames == 0):
+        raise ValueError(f"images.frames={frames!r} must be a whole number of frames per clip that divides the "
+                         f"{len(data) if isinstance(data, list) else '?'} PNGs of images.data")
+    if frames is not None:
+        images = decode_images({"encoding": "png", "data": data})
+        return images.view(len(data) // frames, frames, *images.shape[1:])
     if not isinstance(data, list):
         raise ValueError(f"images.data must be a list of base64 PNG strings; got {json_type_name(data)}")
     if not data:

@@ -91,6 +91,9 @@ class RemoteReward(RewardCallback):
             retry, doubling each time.
         overlap: score submitted chunks in a background thread (``max_workers`` requests in flight).
         encoding: ``png`` (8-bit, small) or ``array`` (exact float32).
+        clips: send a video's whole clips ``[B, F, 3, H, W]`` for the server's reward to read (a video judge such as
+            VideoReward or VideoScore2 must get them); false (the default): send the frames ``frames`` picks, as
+            images, and reduce their scores here.
         weight, name, batch_size, frames, frame_reduction: as every reward (``name`` defaults to ``reward``, else
             ``remote``).
     """
@@ -99,7 +102,7 @@ class RemoteReward(RewardCallback):
 
     def __init__(self, url: str, reward: Optional[str] = None, weight: float = 1.0, name: Optional[str] = None,
                  batch_size: int = 64, timeout: float = 60.0, retries: int = 3, backoff: float = 0.5,
-                 overlap: bool = True, encoding: str = "png", max_workers: int = 2,
+                 overlap: bool = True, encoding: str = "png", max_workers: int = 2, clips: bool = False,
                  frames: FrameSpec = DEFAULT_FRAMES, frame_reduction: str = "mean"):
         super().__init__(weight, name or reward, batch_size, frames, frame_reduction)
         parsed = urlparse(url)
@@ -115,8 +118,13 @@ class RemoteReward(RewardCallback):
             raise ValueError(f"RemoteReward {self.name!r}: " + "; ".join(problems))
         self.url, self.reward = url.rstrip("/"), reward
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
-        self.overlap, self.encoding, self.max_workers = overlap, encoding, max_workers
+        self.overlap, self.encoding, self.max_workers, self.clips = overlap, encoding, max_workers, clips
         self._pool: Optional[ThreadPoolExecutor] = None
+
+    @property
+    def takes_clips(self) -> bool:
+        """With ``clips``, ``_score`` gets whole clips and sends them (the server's reward picks its frames)."""
+        return self.clips
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_pool": None}  # a thread pool does not pickle (checkpoints, spawned workers)

@@ -12,7 +12,9 @@ reward callbacks as in a training config:
 
 Endpoints: ``POST /score`` (format: :mod:`flowrl.rewards.protocol`) and ``GET /health`` (200 ``ok`` once every
 reward is loaded). Built on Lightning's LitServe (the ``serve`` extra), which queues concurrent requests and hands
-them to ``predict`` together; a batch's images are scored in one call per reward (split by image size).
+them to ``predict`` together; a batch's images are scored in one call per reward (split by image size). Clips
+``[B, F, 3, H, W]`` travel whole (:mod:`flowrl.rewards.protocol`) and are scored like a training batch's: a video
+judge (``takes_clips``) reads the clips, an image reward its picked frames.
 
 Errors are answered per request, never for a whole batch: 400 ``{"detail": ...}`` naming the field and the fix for
 a malformed request (not JSON, wrong types, no images, images that do not decode, unknown rewards), 400 naming the
@@ -108,7 +110,7 @@ class RewardAPI(_API_BASE):
         by_size: dict[tuple, list[int]] = {}
         for i, request in enumerate(requests):
             if i not in errors:
-                by_size.setdefault(tuple(request["images"].shape[2:]), []).append(i)
+                by_size.setdefault(tuple(request["images"].shape[1:]), []).append(i)  # (3, H, W) or (F, 3, H, W)
         for rows in by_size.values():
             for name, reward in self.rewards.items():
                 wanted = [i for i in rows if i not in errors and name in requests[i]["names"]]
