@@ -135,17 +135,29 @@ class FlowRLCLI(LightningCLI):
 
     def parts_without_model(self) -> tuple[Any, Any]:
         """The data module and the trainer's options (:func:`~flowrl.cli.run_checks.parsed_trainer`) built as the
-        run builds them, without the model, which could not be built; ``(None, None)`` where they cannot be built
-        either (a reward that refuses its options, or its missing model folder, reported with the config's)."""
-        config = self.config.clone()
+        run builds them, without the model, which could not be built; a callback that cannot be built either (a
+        reward that refuses its options or misses its model folder, reported with the config's problems) is left
+        out, the others kept. ``(None, None)`` where the data module or the trainer's options cannot be built."""
+        config, key = self.config.clone(), f"{self.subcommand}.trainer.callbacks"
         del config[f"{self.subcommand}.model"]
+        nodes = config.get(key) or []
+        callbacks = []
+        for node in nodes if isinstance(nodes, list) else [nodes]:  # each alone: one refused leaves the others
+            config[key] = [node]
+            callbacks += (self.built_without_model(config) or {"trainer": {"callbacks": []}})["trainer"]["callbacks"]
+        config[key] = []
+        if (built := self.built_without_model(config)) is None:
+            return None, None
+        return built["data"], parsed_trainer({**vars(built["trainer"]), "callbacks": callbacks})
+
+    def built_without_model(self, config: Any) -> Any:
+        """``config`` (the model taken out) built by the parser, or None where it cannot be."""
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # jsonargparse deprecates instantiate_classes (LightningCLI's call too)
-                built = self.parser.instantiate_classes(config)[self.subcommand]
-        except Exception:  # noqa: BLE001  the model's problems are reported; these parts' own, once it builds
-            return None, None
-        return built["data"], parsed_trainer(built["trainer"])
+                return self.parser.instantiate_classes(config)[self.subcommand]
+        except Exception:  # noqa: BLE001  reported with the config's problems, or once the model builds
+            return None
 
     def _add_subcommands(self, parser, **kwargs: Any) -> None:
         super()._add_subcommands(parser, **kwargs)
