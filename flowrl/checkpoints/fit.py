@@ -91,9 +91,9 @@ _FIXES = {"resume": "resume with the config it was trained with (the config.yaml
 
 
 def checkpoint_fit_problems(ckpt: str, method: type | str, policy: Any, purpose: str) -> list[str]:
-    """Problems loading checkpoint ``ckpt`` into ``method`` with ``policy`` (built, or a parsed policy config), for ``purpose``
-    (``resume``, ``predict`` or ``export``); ``[]`` when it fits or the checkpoint cannot be read (its own check
-    names that). ``method``: the method's class (or built module), whose ``named_adapters`` must be in the
+    """Problems loading checkpoint ``ckpt`` into ``method`` with ``policy`` (built, or a parsed policy config), for
+    ``purpose`` (``resume``, ``predict`` or ``export``); ``[]`` when it fits or the checkpoint cannot be read (its
+    own check names that). ``method``: the method's class (or built module), whose ``named_adapters`` must be in the
     checkpoint, or only its class path where no method adapter need fit (``export`` checks the trained ``default``
     adapter alone)."""
     try:

@@ -47,7 +47,7 @@ from flowrl.cli.method_switch import method_switch
 from flowrl.cli.option_names import unknown_options
 from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
 from flowrl.cli.rendezvous import rendezvous_notice
-from flowrl.cli.run_checks import parsed_trainer, run_problems, unbuilt_method
+from flowrl.cli.run_checks import parts_without_model, run_problems, unbuilt_method
 from flowrl.config_nodes import as_dict
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
@@ -100,7 +100,7 @@ class FlowRLCLI(LightningCLI):
         config's (:meth:`before_instantiate_classes`), a policy's or method's options refused while building, and
         those of the built objects (:func:`~flowrl.cli.config_checks.built_problems`,
         :func:`~flowrl.cli.run_checks.run_problems`). A run that cannot be built is checked on the parts that can
-        (:meth:`parts_without_model`), with the method built without its policy."""
+        (:func:`~flowrl.cli.run_checks.parts_without_model`), with the method built without its policy."""
         if self.subcommand == "predict":
             super().instantiate_classes()  # the records against the policy's conditioning images, on both built
             if problems := data_record_problems(self.datamodule, self.model.policy):
@@ -114,7 +114,7 @@ class FlowRLCLI(LightningCLI):
             super().instantiate_classes()
         except Exception as err:  # noqa: BLE001  a config the checks refuse may not build at all: they say why
             refused = refusal(err)  # jsonargparse may wrap the error a class raised while it built it
-            data, trainer = self.parts_without_model()
+            data, trainer = parts_without_model(self.parser, self.config, self.subcommand)
             if isinstance(refused, MethodOptionsError):  # the policy built: every problem of the method's options
                 module, unbuilt = unbuilt_method(config, data, refused.problems)
             else:  # a policy's options refused (the method is checked without it), a model folder missing...
@@ -132,32 +132,6 @@ class FlowRLCLI(LightningCLI):
             problems += run_problems(self.model, self.model.policy, self.datamodule, trainer, ckpt, given)
         if problems:
             raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
-
-    def parts_without_model(self) -> tuple[Any, Any]:
-        """The data module and the trainer's options (:func:`~flowrl.cli.run_checks.parsed_trainer`) built as the
-        run builds them, without the model, which could not be built; a callback that cannot be built either (a
-        reward that refuses its options or misses its model folder, reported with the config's problems) is left
-        out, the others kept. ``(None, None)`` where the data module or the trainer's options cannot be built."""
-        config, key = self.config.clone(), f"{self.subcommand}.trainer.callbacks"
-        del config[f"{self.subcommand}.model"]
-        nodes = config.get(key) or []
-        callbacks = []
-        for node in nodes if isinstance(nodes, list) else [nodes]:  # each alone: one refused leaves the others
-            config[key] = [node]
-            callbacks += (self.built_without_model(config) or {"trainer": {"callbacks": []}})["trainer"]["callbacks"]
-        config[key] = []
-        if (built := self.built_without_model(config)) is None:
-            return None, None
-        return built["data"], parsed_trainer({**vars(built["trainer"]), "callbacks": callbacks})
-
-    def built_without_model(self, config: Any) -> Any:
-        """``config`` (the model taken out) built by the parser, or None where it cannot be."""
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # jsonargparse deprecates instantiate_classes (LightningCLI's call too)
-                return self.parser.instantiate_classes(config)[self.subcommand]
-        except Exception:  # noqa: BLE001  reported with the config's problems, or once the model builds
-            return None
 
     def _add_subcommands(self, parser, **kwargs: Any) -> None:
         super()._add_subcommands(parser, **kwargs)

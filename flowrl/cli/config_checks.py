@@ -90,7 +90,7 @@ def policy_stand_in(node: Any) -> Any:
     cls, given = class_at(node.get("class_path")), as_dict(node.get("init_args"))
     attributes = {k: given[k] for k in ("lora", "guidance_scale_2") if k in given}
     if isinstance(predicts := getattr(cls, "prediction", None), str):
-        attributes["prediction"] = predicts  # the family's, a class attribute: what the method's sampler steps must read
+        attributes["prediction"] = predicts  # the family's, a class attribute: what the method's sampler reads
     attributes["conditioning_images"] = getattr(cls, "conditioning_images", 0)
     if isinstance(cls, type) and (frames := with_defaults(cls, given).get("num_frames")) is not None:
         attributes["num_frames"] = frames

@@ -4,13 +4,14 @@ and the trainer's strategy against the method, the data and the processes.
 
 They read built objects: the run's own, or, where the run could not be built (a policy's options refused, its model
 folder missing, a method's options refused), those of its other parts (the data module and the trainer's options,
-built by the parser without the model; :func:`parsed_trainer`), the method built without its policy and a stand-in
-for the policy (:func:`unbuilt_method`, :func:`~flowrl.cli.config_checks.policy_stand_in`), so that every problem
-of the run is still reported at once.
+built by the parser without the model: :func:`parts_without_model`), the method built without its policy and a
+stand-in for the policy (:func:`unbuilt_method`, :func:`~flowrl.cli.config_checks.policy_stand_in`), so that every
+problem of the run is still reported at once.
 """
 
 from __future__ import annotations
 
+import warnings
 from argparse import ArgumentError
 from types import SimpleNamespace
 from typing import Any, Optional
@@ -59,6 +60,35 @@ def parsed_trainer(options: Any) -> SimpleNamespace:
                            num_devices=world_size({"devices": options.get("devices", "auto")}),
                            num_nodes=options.get("num_nodes") or 1, callbacks=list(options.get("callbacks") or []),
                            accelerator=options.get("accelerator") or "auto")
+
+
+def parts_without_model(parser: Any, config: Any, subcommand: str) -> tuple[Any, Any]:
+    """The data module and the trainer's options (:func:`parsed_trainer`) of the parsed ``config`` built by the
+    CLI's ``parser`` as the run builds them, without the model, which could not be built; a callback that cannot be
+    built either (a reward that refuses its options or misses its model folder, reported with the config's
+    problems) is left out, the others kept. ``(None, None)`` where the data module or the trainer's options cannot be
+    built."""
+    config, key = config.clone(), f"{subcommand}.trainer.callbacks"
+    del config[f"{subcommand}.model"]
+    nodes = config.get(key) or []
+    callbacks = []
+    for node in nodes if isinstance(nodes, list) else [nodes]:  # each alone: one refused leaves the others
+        config[key] = [node]
+        callbacks += (_built(parser, config, subcommand) or {"trainer": {"callbacks": []}})["trainer"]["callbacks"]
+    config[key] = []
+    if (built := _built(parser, config, subcommand)) is None:
+        return None, None
+    return built["data"], parsed_trainer({**vars(built["trainer"]), "callbacks": callbacks})
+
+
+def _built(parser: Any, config: Any, subcommand: str) -> Any:
+    """``config`` built by ``parser`` (its ``subcommand`` part), or None where it cannot be."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # jsonargparse deprecates instantiate_classes (LightningCLI's call too)
+            return parser.instantiate_classes(config)[subcommand]
+    except Exception:  # noqa: BLE001  reported with the config's problems, or once the model builds
+        return None
 
 
 def unbuilt_method(config: Any, data: Any, method_problems: Optional[list[str]] = None) -> tuple[Any, list[str]]:
