@@ -8,8 +8,8 @@ Inline lists and ``.txt`` files hold prompts only. The data module hands each ba
 float tensors ``[3, H, W]`` in ``[0, 1]`` (``batch["images"]``, one list per row), read as diffusers' ``load_image``
 reads a file (EXIF orientation applied, RGB), each distinct record once per batch.
 
-:func:`prompt_record_problems` checks a parsed config's prompt sources against the policy's
-``conditioning_images`` before any weight loads (:func:`config_record_problems` reads both from a parsed config):
+:func:`prompt_record_problems` checks the data module's prompt sources against the policy's
+``conditioning_images`` before any weight loads (:func:`data_record_problems` reads both from the built objects):
 missing or unreadable images and wrong counts, each naming the key, the file, the line and the fix.
 """
 
@@ -176,18 +176,16 @@ def prompt_record_problems(data: Mapping[str, Any], conditioning_images: int,
     return problems
 
 
-def config_record_problems(config: Any) -> list[str]:
-    """:func:`prompt_record_problems` for a parsed (not instantiated) ``fit`` / ``predict`` config: the policy class
-    named at ``model.init_args.policy.class_path`` is imported (no weights load) for its ``conditioning_images``.
-    A config without a policy or data section has nothing to check here."""
-    from flowrl.config_nodes import as_dict, class_at
+def data_sources(data: Any) -> dict[str, Any]:
+    """``{data key: the source it gives}`` of a built ``PromptDataModule`` (the prompts, validation and predict
+    prompts, as given: a file's path or a list)."""
+    return {"prompts": data.prompt_source, "val_prompts": data.val_source, "predict_prompts": data.predict_source}
 
-    policy = as_dict(as_dict(as_dict(config.get("model")).get("init_args")).get("policy"))
-    if not policy.get("class_path"):
-        return []
-    cls = class_at(policy["class_path"])  # the parser has imported it already
-    return prompt_record_problems(as_dict(config.get("data")), getattr(cls, "conditioning_images", 0),
-                                  policy["class_path"].rpartition(".")[2])
+
+def data_record_problems(data: Any, policy: Any) -> list[str]:
+    """:func:`prompt_record_problems` of a built data module against a built policy's ``conditioning_images`` (no
+    weight loads: a policy reads only its configs when built; a Qwen-Image-Edit folder sets its own count)."""
+    return prompt_record_problems(data_sources(data), policy.conditioning_images, type(policy).__name__)
 
 
 def source_images(source: Any, key: str, trainer: Any = None) -> Optional["RecordImages"]:

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from flowrl.data import PromptDataModule
-from flowrl.prompt_records import (PromptRecord, config_record_problems, load_image, load_records,
+from flowrl.prompt_records import (PromptRecord, data_record_problems, load_image, load_records,
                                    prompt_record_problems, record_problems)
 
 
@@ -125,22 +125,22 @@ def test_the_pre_load_check_reads_a_parsed_data_config_and_the_policy_class_only
     assert all(p.startswith(f"data.prompts={records_file}") for p in problems)
 
 
-def test_a_parsed_config_is_checked_from_its_policy_class_alone(tmp_path, records_file, monkeypatch):
-    from jsonargparse import Namespace
+def test_the_built_data_module_is_checked_against_the_built_policys_images(tmp_path, records_file, tiny_model_dir):
+    from flowrl.cli.config_checks import policy_stand_in
+    from flowrl.data import PromptDataModule
+    from flowrl.policies import TinyFlowPolicy
 
-    import flowrl.policies.wan as wan
-
-    monkeypatch.setattr(wan.WanPolicy, "__init__", lambda *a, **k: pytest.fail("instantiated"))
-    config = Namespace(model=Namespace(init_args=Namespace(policy=Namespace(
-        class_path="flowrl.policies.WanPolicy", init_args=Namespace(model="Wan-AI/Wan2.1-T2V-1.3B-Diffusers")))),
-        data=Namespace(prompts=records_file, val_prompts=["a cat"]))
-    problems = config_record_problems(config)
+    data = PromptDataModule(prompts=records_file, val_prompts=["a cat"])
+    unbuilt = policy_stand_in({"class_path": "flowrl.policies.WanPolicy", "init_args": {"model": "/no/such/model"}})
+    problems = data_record_problems(data, unbuilt)  # a policy that could not be built: its class's count
     assert len(problems) == 3 and "WanPolicy takes none (text only)" in problems[0]
-    config.model.init_args.policy.class_path = "flowrl.policies.WanI2VPolicy"
-    assert config_record_problems(config) == [
-        "data.val_prompts: WanI2VPolicy conditions every prompt on images, but data.val_prompts gives prompts only; "
+    policy = TinyFlowPolicy(tiny_model_dir)  # built from its configs alone: the instance's count is read
+    assert len(data_record_problems(data, policy)) == 3
+    policy.conditioning_images = 1  # as a Qwen-Image-Edit folder sets its own on the instance
+    assert data_record_problems(data, policy) == [
+        "data.val_prompts: TinyFlowPolicy conditions every prompt on images, but data.val_prompts gives prompts only; "
         "give a .jsonl file whose records carry an \"images\" list of paths"]
-    assert config_record_problems({"data": {"prompts": records_file}}) == []  # no policy named: nothing to check
+    assert data_record_problems(PromptDataModule(prompts=["a cat"]), policy_stand_in(None)) == []
 
 
 def test_the_data_module_checks_records_against_the_policy_at_setup(tmp_path):

@@ -8,11 +8,32 @@ it says), and its LoRA weights name the modules they adapt, which the config's L
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from flowrl.checkpoints.paths import run_config
 from flowrl.config_nodes import as_dict, class_at
+
+
+def method_path(cls: type | object | str, package: str = "flowrl.methods") -> str:
+    """The class path a config names ``cls`` (a class, a built object, or a class path already) by:
+    ``flowrl.methods.FlowGRPO`` for the classes ``package`` exports (flowrl's methods by default;
+    ``flowrl.policies`` for a policy), the defining module's path for any other class.
+
+    ``package`` is looked up among the loaded modules, not imported: ``flowrl.methods`` is a floor above this one,
+    and importing one of its classes has loaded it.
+
+    >>> import json
+    >>> method_path(json.JSONDecoder), method_path("my_lab.MyGRPO")
+    ('json.decoder.JSONDecoder', 'my_lab.MyGRPO')
+    """
+    if isinstance(cls, str):
+        return cls
+    cls = cls if isinstance(cls, type) else type(cls)  # a built module names its class
+    if getattr(sys.modules.get(package), cls.__name__, None) is cls:
+        return f"{package}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def saved_policy(ckpt: str | Path, recorded: Optional[str]) -> tuple[Optional[str], str]:
@@ -56,18 +77,30 @@ def untargeted_modules(shapes: dict[str, Any], targets: tuple[str, ...]) -> list
     return sorted(m for m in modules if not any(m == t or m.endswith("." + t) for t in targets))
 
 
+def policy_family(policy: Any) -> tuple[Optional[type], Optional[str], tuple[str, ...]]:
+    """``(class, class path as a config names it, LoRA targets)`` of a built policy or a parsed policy config
+    ``{class_path, init_args}``.
+
+    >>> policy_family({"class_path": "flowrl.policies.TinyFlowPolicy"})[0].__name__
+    'TinyFlowPolicy'
+    """
+    if isinstance(policy, dict) or hasattr(policy, "as_dict") or policy is None:
+        policy = as_dict(policy)
+        return class_at(policy.get("class_path")), policy.get("class_path"), lora_targets(policy)
+    return type(policy), method_path(policy, "flowrl.policies"), tuple(policy.lora_targets or ())
+
+
 def family_problem(ckpt: str | Path, shapes: dict[str, Any], recorded: Optional[str], policy: Any) -> Optional[str]:
-    """Why ``ckpt`` (its ``shapes`` and recorded policy class) was not trained on the parsed ``policy`` config's
-    family, naming both policies (None: it was, or nothing says otherwise)."""
-    policy = as_dict(policy)
-    wanted, path = class_at(policy.get("class_path")), policy.get("class_path")
+    """Why ``ckpt`` (its ``shapes`` and recorded policy class) was not trained on the family of ``policy`` (built,
+    or a parsed policy config), naming both policies (None: it was, or nothing says otherwise)."""
+    wanted, path, targets = policy_family(policy)
     saved, where = saved_policy(ckpt, recorded)
     if wanted is not None and (theirs := class_at(saved)) is not None and theirs is not wanted:
         return (f"ckpt_path={str(ckpt)!r} holds the weights of a {saved} policy ({where}); the config builds "
                 f"{path} (model.init_args.policy.class_path), and one policy's weights do not load into another's")
-    stray = untargeted_modules(shapes, lora_targets(policy)) if lora_targets(policy) else []
+    stray = untargeted_modules(shapes, targets) if targets else []
     if stray:
         return (f"ckpt_path={str(ckpt)!r} holds LoRA weights on {len(stray)} modules that the config's {path} LoRA "
-                f"targets ({', '.join(lora_targets(policy))}) do not name, e.g. {stray[0]}: a checkpoint of "
+                f"targets ({', '.join(targets)}) do not name, e.g. {stray[0]}: a checkpoint of "
                 f"{saved or 'another model family'} or of other lora.target_modules")
     return None

@@ -12,35 +12,15 @@ records no method, a model that differs in more than its adapters).
 from __future__ import annotations
 
 import inspect
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from flowrl.checkpoints.family import family_problem
+from flowrl.checkpoints.family import family_problem, method_path  # noqa: F401  method_path: re-exported
 from flowrl.checkpoints.sharded import META, is_sharded_checkpoint
 from flowrl.config_nodes import class_at, plain
 from flowrl.policies.base import LoraOptions, adapter_of
-
-
-def method_path(cls: type | object | str) -> str:
-    """The class path a config names ``cls`` (a class, a built object, or a class path already) by:
-    ``flowrl.methods.FlowGRPO`` for flowrl's own methods, the defining module's path for any other class.
-
-    ``flowrl.methods`` is looked up among the loaded modules, not imported: it is a floor above this one, and
-    importing one of its classes has loaded it.
-
-    >>> import json
-    >>> method_path(json.JSONDecoder), method_path("my_lab.MyGRPO")
-    ('json.decoder.JSONDecoder', 'my_lab.MyGRPO')
-    """
-    if isinstance(cls, str):
-        return cls
-    cls = cls if isinstance(cls, type) else type(cls)  # a built module names its class
-    if getattr(sys.modules.get("flowrl.methods"), cls.__name__, None) is cls:
-        return f"flowrl.methods.{cls.__name__}"
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def checkpoint_record(path: str | Path) -> tuple[dict[str, tuple[int, ...]], dict[str, Any]]:
@@ -79,7 +59,8 @@ def adapter_ranks(shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
 
 
 def expected_rank(policy: Any) -> Optional[int]:
-    """The LoRA rank a parsed policy config ``{class_path, init_args}`` trains (None: full fine-tuning, or unknown).
+    """The LoRA rank a built policy or a parsed policy config ``{class_path, init_args}`` trains (None: full
+    fine-tuning, or unknown).
 
     >>> expected_rank({"class_path": "flowrl.policies.TinyFlowPolicy", "init_args": {"lora": {"rank": 4}}})
     4
@@ -110,9 +91,9 @@ _FIXES = {"resume": "resume with the config it was trained with (the config.yaml
 
 
 def checkpoint_fit_problems(ckpt: str, method: type | str, policy: Any, purpose: str) -> list[str]:
-    """Problems loading checkpoint ``ckpt`` into ``method`` with the parsed ``policy`` config, for ``purpose``
-    (``resume``, ``predict`` or ``export``); ``[]`` when it fits or the checkpoint cannot be read (its own check
-    names that). ``method``: the method's class (or built module), whose ``named_adapters`` must be in the
+    """Problems loading checkpoint ``ckpt`` into ``method`` with ``policy`` (built, or a parsed policy config), for
+    ``purpose`` (``resume``, ``predict`` or ``export``); ``[]`` when it fits or the checkpoint cannot be read (its
+    own check names that). ``method``: the method's class (or built module), whose ``named_adapters`` must be in the
     checkpoint, or only its class path where no method adapter need fit (``export`` checks the trained ``default``
     adapter alone)."""
     try:

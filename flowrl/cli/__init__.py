@@ -40,18 +40,20 @@ from flowrl.callbacks.sigterm_stop import SigtermStop
 from flowrl.checkpoints.paths import (EXAMPLE, checkpoint_problems, newest_run_checkpoint, resolve_checkpoint,
                                       run_checkpoint)
 from flowrl.cli.arguments import null_overrides_as_configs
-from flowrl.cli.config_checks import built_problems, config_problems, predict_problems, unbuilt_problems
+from flowrl.cli.config_checks import built_problems, config_problems, policy_stand_in, predict_problems
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, log_roots, release_unused, share_log_versions
 from flowrl.cli.machine_checks import free_memory, rollout_memory_problems
 from flowrl.cli.method_switch import method_switch
 from flowrl.cli.option_names import unknown_options
 from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
 from flowrl.cli.rendezvous import rendezvous_notice
+from flowrl.cli.run_checks import parts_without_model, run_problems, unbuilt_method
 from flowrl.config_nodes import as_dict
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
 from flowrl.methods.option_surface import MethodOptionsError
 from flowrl.policies.pipeline_policy import PolicyOptionsError
+from flowrl.prompt_records import data_record_problems
 
 DESCRIPTION = "flowrl: RL post-training of diffusion and flow-matching generators, a PyTorch Lightning plug-in."
 #: the subcommands that are not LightningCLI's: {name: (the top-level help's line, the module whose main runs it)}
@@ -96,25 +98,38 @@ class FlowRLCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """Build the run (cheap: no weight loads before ``fit``), then raise every problem together: the parsed
         config's (:meth:`before_instantiate_classes`), a policy's or method's options refused while building, and
-        those of the built objects (:func:`~flowrl.cli.config_checks.built_problems`)."""
+        those of the built objects (:func:`~flowrl.cli.config_checks.built_problems`,
+        :func:`~flowrl.cli.run_checks.run_problems`). A run that cannot be built is checked on the parts that can
+        (:func:`~flowrl.cli.run_checks.parts_without_model`), with the method built without its policy."""
+        if self.subcommand == "predict":
+            super().instantiate_classes()  # the records against the policy's conditioning images, on both built
+            if problems := data_record_problems(self.datamodule, self.model.policy):
+                raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
+            return None
         if self.subcommand != "fit":
             return super().instantiate_classes()
         problems, config = self.config_problems, self.config[self.subcommand]
+        ckpt, given = config.get("ckpt_path"), config.get("trainer", {}).get("strategy")
         try:
             super().instantiate_classes()
         except Exception as err:  # noqa: BLE001  a config the checks refuse may not build at all: they say why
             refused = refusal(err)  # jsonargparse may wrap the error a class raised while it built it
+            data, trainer = parts_without_model(self.parser, self.config, self.subcommand)
             if isinstance(refused, MethodOptionsError):  # the policy built: every problem of the method's options
-                problems += unbuilt_problems(config, refused.problems)
+                module, unbuilt = unbuilt_method(config, data, refused.problems)
             else:  # a policy's options refused (the method is checked without it), a model folder missing...
-                unbuilt = [*map(policy_key, getattr(refused, "problems", [])), *unbuilt_problems(config)]
-                if not problems and not unbuilt:
-                    raise
-                problems += unbuilt
+                module, unbuilt = unbuilt_method(config, data)
+                unbuilt = [*map(policy_key, getattr(refused, "problems", [])), *unbuilt]
+            node = config.get("model", {}).get("init_args", {}).get("policy")
+            unbuilt += run_problems(module, policy_stand_in(node), data, trainer, ckpt, policy_config=node)
+            if not problems and not unbuilt:
+                raise
+            problems += unbuilt
         else:
             trainer = self.trainer
             problems += built_problems(self.model, self.datamodule, trainer.num_devices * trainer.num_nodes,
                                        trainer.max_steps)
+            problems += run_problems(self.model, self.model.policy, self.datamodule, trainer, ckpt, given)
         if problems:
             raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
 

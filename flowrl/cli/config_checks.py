@@ -1,14 +1,15 @@
 """Checks of a ``fit`` or ``predict`` run before any weight loads. Two stages, raised together by the CLI:
-:func:`config_problems` reads the parsed config (the data files and their images against the policy's, the model
-path, the checkpoint, the strategy, the rewards); :func:`built_problems` reads the built objects, which cost nothing
-to build (a policy reads only its configs): the method's options (every class's ``problems()``), the batch geometry
-from the data module and the method's ``rollout_cost()``, and the schedule. Each problem names the key and the fix.
+:func:`config_problems` reads the parsed config for what must be known before anything is built (the files it names:
+prompts, the model and reward folders, the checkpoint; the accelerator; a reward callback at all);
+:func:`built_problems` and :func:`flowrl.cli.run_checks.run_problems` read the built objects, which cost nothing to
+build (a policy reads only its configs): the method's options (every class's ``problems()``), the batch geometry from
+the data module and the method's ``rollout_cost()``, the schedule, then the checkpoint, the prompt records, the
+rewards and the strategy against them. Each problem names the key and the fix.
 """
 
 from __future__ import annotations
 
 import warnings
-from argparse import ArgumentError
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
@@ -18,18 +19,16 @@ from jsonargparse import ArgumentParser
 from flowrl.checkpoints.fit import checkpoint_fit_problems, resume_step_problems
 from flowrl.checkpoints.paths import checkpoint_problems
 from flowrl.cli.machine_checks import accelerator_problems
-from flowrl.cli.reward_checks import reward_policy_problems
+from flowrl.cli.reward_checks import reward_model_problems
 from flowrl.config_nodes import as_dict, class_at, plain, with_defaults
-from flowrl.data import GroupLayout, PromptDataModule, load_prompts
+from flowrl.data import GroupLayout, PromptDataModule
 from flowrl.methods.base import BaseModule
-from flowrl.methods.option_surface import MethodOptionsError
 from flowrl.model_paths import model_problems
-from flowrl.prompt_records import config_record_problems
-from flowrl.strategies.checks import strategy_problems
 
 
 def config_problems(config: Any) -> list[str]:
-    """Problems that span components of a parsed (not yet instantiated) ``fit`` config."""
+    """Problems of a parsed (not yet built) ``fit`` config that must be known before anything is built: the
+    files it names (a reward's model folder too: several rewards resolve it when built), the accelerator."""
     from flowrl.rewards.base import RewardCallback
 
     problems = []
@@ -44,15 +43,11 @@ def config_problems(config: Any) -> list[str]:
     if not reward_paths:
         problems.append("trainer.callbacks has no reward callback; add one, e.g. "
                         "`- class_path: flowrl.rewards.DigitAlignment`")
-    model = as_dict(config.get("model"))
-    method = class_at(model.get("class_path")) or BaseModule  # the parser has imported it already
-    init_args = as_dict(model.get("init_args"))
-    policy = as_dict(init_args.get("policy"))
+    policy = as_dict(as_dict(as_dict(config.get("model")).get("init_args")).get("policy"))
     if isinstance(as_dict(policy.get("init_args")).get("model"), str):
         problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
     trainer = as_dict(config.get("trainer"))
     problems += accelerator_problems(trainer)  # a GPU config on a machine without one
-    world = world_size(trainer)
     data = with_defaults(PromptDataModule, config.get("data"))  # every data option, the declared default where unset
     if trainer.get("use_distributed_sampler"):
         problems.append("trainer.use_distributed_sampler=true would re-split the GRPO groups; set it to false")
@@ -63,12 +58,8 @@ def config_problems(config: Any) -> list[str]:
                    if (repository / source).is_file() else "give a .txt/.jsonl file or a list of prompts")
             problems.append(f"data.{key}={source!r} does not exist (relative paths start at {Path.cwd()}); {fix}")
     if ckpt := config.get("ckpt_path"):
-        problems += checkpoint_problems(str(ckpt)) or [
-            *resume_step_problems(str(ckpt), trainer.get("max_steps", -1)),
-            *checkpoint_fit_problems(str(ckpt), method, init_args.get("policy"), "resume")]
-    problems += config_record_problems(config)  # images the policy takes (an edit's sources) or does not
-    problems += reward_policy_problems(config)  # rewards that cannot score what the policy makes
-    return problems + strategy_problems(config, method, world, _count_prompts(data.get("val_prompts")))
+        problems += checkpoint_problems(str(ckpt)) or resume_step_problems(str(ckpt), trainer.get("max_steps", -1))
+    return problems + reward_model_problems(config)
 
 
 def built_problems(method: BaseModule, data: Any, world: int, max_steps: Optional[int]) -> list[str]:
@@ -84,18 +75,34 @@ def built_problems(method: BaseModule, data: Any, world: int, max_steps: Optiona
     return problems
 
 
+def policy_stand_in(node: Any) -> Any:
+    """What the checks read of a policy that could not be built (its options refused, its model folder missing),
+    from its parsed config ``{class_path, init_args}``: an object whose class is named as the policy's, with the
+    options the config gives it that the method's checks read (``lora``, Wan's ``guidance_scale_2``), its class's
+    ``prediction`` and ``conditioning_images``, and a video policy's ``num_frames`` (the declared default where
+    unset). The checks that need its configs (the guidance kind) are left out.
+
+    >>> policy = policy_stand_in({"class_path": "flowrl.policies.WanI2VPolicy", "init_args": {"num_frames": 9}})
+    >>> type(policy).__name__, policy.conditioning_images, policy.num_frames, hasattr(policy, "lora")
+    ('WanI2VPolicy', 1, 9, False)
+    """
+    node = as_dict(node)
+    cls, given = class_at(node.get("class_path")), as_dict(node.get("init_args"))
+    attributes = {k: given[k] for k in ("lora", "guidance_scale_2") if k in given}
+    if isinstance(predicts := getattr(cls, "prediction", None), str):
+        attributes["prediction"] = predicts  # the family's, a class attribute: what the method's sampler reads
+    attributes["conditioning_images"] = getattr(cls, "conditioning_images", 0)
+    if isinstance(cls, type) and (frames := with_defaults(cls, given).get("num_frames")) is not None:
+        attributes["num_frames"] = frames
+    return type(getattr(cls, "__name__", "Policy"), (SimpleNamespace,), {})(**attributes)
+
+
 def method_without_policy(cls: type, init_args: Any) -> BaseModule:
     """Method ``cls`` built from its parsed ``init_args`` (nested classes built by jsonargparse) without its policy,
-    which could not be built: in its place the options the config gives it that the method's checks read (``lora``,
-    Wan's ``guidance_scale_2``) and its class's prediction; the checks that need its configs (guidance kind) are
-    left out. Raises
+    which could not be built: in its place :func:`policy_stand_in`. Raises
     :class:`~flowrl.methods.option_surface.MethodOptionsError`."""
     init_args = plain(init_args) or {}
-    node = as_dict(init_args.get("policy"))
-    given = as_dict(node.get("init_args"))
-    policy = SimpleNamespace(**{k: given[k] for k in ("lora", "guidance_scale_2") if k in given})
-    if isinstance(predicts := getattr(class_at(node.get("class_path")), "prediction", None), str):
-        policy.prediction = predicts  # the family's, a class attribute: what the method's sampler steps must read
+    policy = policy_stand_in(init_args.get("policy"))
     init_args = {k: v for k, v in init_args.items() if k != "policy"}
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(cls, "method", skip={"policy"}, instantiate=False)
@@ -103,24 +110,6 @@ def method_without_policy(cls: type, init_args: Any) -> BaseModule:
         warnings.simplefilter("ignore")  # jsonargparse deprecates instantiate_classes (LightningCLI's call too)
         options = vars(parser.instantiate_classes(parser.parse_object({"method": init_args})).method)
     return cls(policy, **options)
-
-
-def unbuilt_problems(config: Any, method_problems: Optional[list[str]] = None) -> list[str]:
-    """:func:`built_problems` of a ``fit`` config whose run could not be built: ``method_problems`` where the method
-    refused its options, else (a policy refused, a model folder missing) those of the method built without its
-    policy (:func:`method_without_policy`); the data and the processes read off the config."""
-    model, trainer = as_dict(config.get("model")), as_dict(config.get("trainer"))
-    cls = class_at(model.get("class_path")) or BaseModule
-    data, world = with_defaults(PromptDataModule, config.get("data")), world_size(trainer) or 1
-    if method_problems is None:
-        try:
-            method = method_without_policy(cls, model.get("init_args"))
-            return built_problems(method, data, world, trainer.get("max_steps", -1))
-        except MethodOptionsError as err:
-            method_problems = err.problems
-        except (TypeError, ValueError, ArgumentError):  # options only the run's own parse resolves: not checked here
-            method_problems = []
-    return method_problems + layout_problems(data, cls, world)
 
 
 def layout(data: Any, world: int, samples: int = 1) -> GroupLayout:
@@ -133,13 +122,6 @@ def layout(data: Any, world: int, samples: int = 1) -> GroupLayout:
 def layout_problems(data: Any, method: type, world: int, samples: int = 1) -> list[str]:
     """Problems of the batch geometry of method class ``method`` (``samples``: what one rollout scores)."""
     return layout(data, world, samples).problems(getattr(method, "min_group_size", 2), method.__name__)
-
-
-def _count_prompts(source: Any) -> int:
-    try:
-        return len(load_prompts(source)) if source is not None else 0
-    except (OSError, ValueError):  # reported above as its own problem
-        return 0
 
 
 def world_size(trainer: dict) -> Optional[int]:
@@ -199,4 +181,4 @@ def predict_problems(config: Any) -> list[str]:
     if isinstance(source, str) and not Path(source).expanduser().is_file():
         return [f"prompts {source!r} do not exist (relative paths start at {Path.cwd()}); give a .txt/.jsonl file or "
                 "a list of prompts"]
-    return config_record_problems(config)
+    return []  # the records against the policy: on the built data module and policy (FlowRLCLI)

@@ -29,7 +29,9 @@ from torch import Tensor
 from flowrl import advantages as adv_lib
 from flowrl.checkpoints.atomic import use_atomic_saves
 from flowrl.checkpoints.fit import load_mismatch, method_path
+from flowrl.methods import default_hooks
 from flowrl.methods.batch import GATHERED, Batch, hook_value
+from flowrl.methods.checked_on_build import CheckedOnBuild
 from flowrl.methods.option_surface import (MethodOptionsError, at_least, guidance_gate_problems,
                                            guidance_scale_problems, optimizer_problems, policy_guidance_scales)
 from flowrl.methods.trained_pairs import UntrainedBatches, trained_pairs, untrained_problems
@@ -43,17 +45,6 @@ from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import ODE_STEPS
 from flowrl.strategies.fsdp2 import load_for_strategy
 from flowrl.training.nonfinite import NonfiniteSteps
-
-
-class CheckedOnBuild(type):
-    """Checks a method's options once its most derived ``__init__`` has returned (every class has set its options as
-    attributes by then, and no weight has loaded: weights load in ``configure_model``). A class cannot do it at the end
-    of its own ``__init__``, which a subclass's runs around; jsonargparse still reads each ``__init__``'s signature."""
-
-    def __call__(cls, *args: Any, **kwargs: Any):
-        module = super().__call__(*args, **kwargs)
-        module.check()
-        return module
 
 
 class BaseModule(Trajectories, metaclass=CheckedOnBuild):
@@ -290,35 +281,11 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
         and ``untrained_batches``). Each method defines its own."""
         raise NotImplementedError(f"{type(self).__name__} does not define update()")
 
-    # -- hooks: on the batch gathered from every rank -------------------------------------------------------
+    # -- hooks: on the batch gathered from every rank (their defaults: flowrl.methods.default_hooks) -----------
 
-    def step_rewards(self, batch: Batch):
-        """Rewards ``[B, T]`` for the estimator: the outcome on each row's last trained step."""
-        rewards = torch.zeros_like(batch.log_probs)
-        last = batch.train_mask.float().cumsum(1).argmax(1)  # [B] last trained position
-        rewards[torch.arange(len(batch.total)), last] = batch.total
-        return rewards
+    step_rewards = default_hooks.step_rewards
+    advantages = default_hooks.advantages
+    advantage_groups = default_hooks.advantage_groups
+    loss_weights = default_hooks.loss_weights
+    supervised_weights = default_hooks.supervised_weights
 
-    def advantages(self, batch: Batch):
-        """Advantages ``[B, T]`` of the valid rows (0 elsewhere). A tree estimator gets the rollout's ``node_ids``
-        as its ``step_group_ids``."""
-        valid = batch.valid
-        extra = {} if batch.node_ids is None else {"step_group_ids": batch.node_ids[valid]}  # read by `tree`
-        out = torch.zeros_like(batch.step_rewards)
-        out[valid] = adv_lib.compute(self.advantage, batch.step_rewards[valid], batch.train_mask[valid],
-                                     self.advantage_groups(batch)[valid], log_probs=batch.log_probs[valid],
-                                     **(self.advantage_options or {}), **extra)
-        return out
-
-    def advantage_groups(self, batch: Batch) -> Tensor:
-        """The group id of each row, among which advantages are normalised (default: the prompt's group)."""
-        return batch.group_ids
-
-    def loss_weights(self, batch: Batch):
-        """Per (row, step) loss weights ``[B, T]`` (the loop zeroes the rows without a valid reward)."""
-        return torch.ones_like(batch.log_probs)
-
-    def supervised_weights(self, batch: Batch):
-        """Weights ``[B, T]`` of a likelihood term ``-w log p`` beside the policy loss (None: none; Dynamic-TreeRPO's
-        LayerTuning-RL declares one)."""
-        return None

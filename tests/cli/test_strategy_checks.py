@@ -10,9 +10,13 @@ import torch
 from lightning.pytorch import Trainer
 
 from flowrl.cli import main
+from flowrl.cli.config_checks import method_without_policy
+from flowrl.cli.run_checks import parsed_trainer
+from flowrl.data import PromptDataModule
 from flowrl.methods import FlowGRPO
 from flowrl.strategies.checks import strategy_problems
 from flowrl.strategies.fsdp2 import FSDP2Strategy
+from tests.cli.no_weights import refuse_weights
 from tests.cli.test_ddp_configs import ROOT
 from tests.cli.test_fit import CONFIG
 
@@ -78,8 +82,35 @@ class UnclippedFlowGRPO(FlowGRPO):
         super().__init__(policy, max_grad_norm=max_grad_norm, **kwargs)
 
 
-def test_deepspeeds_clip_check_reads_the_methods_declared_default():
-    config = {"trainer": {"strategy": "deepspeed_stage_2", "accelerator": "gpu"}, "model": {"init_args": {}}}
-    clip = lambda method: [p for p in strategy_problems(config, method, 2, 0) if "max_grad_norm" in p]  # noqa: E731
-    assert len(clip(FlowGRPO)) == 1  # the base's default, 1.0, clips through the strategy: refused
-    assert clip(UnclippedFlowGRPO) == []  # unset in the config and None in the signature: nothing to refuse
+def test_deepspeeds_clip_check_reads_the_built_methods_option():
+    # DeepSpeed is refused by Lightning on this machine: the trainer's parsed options stand in for the trainer
+    trainer = parsed_trainer({"strategy": "deepspeed_stage_2", "accelerator": "gpu", "devices": 2})
+    data = PromptDataModule(prompts=["a"])
+    clip = lambda module: [p for p in strategy_problems(trainer, module, data) if "max_grad_norm" in p]  # noqa: E731
+    assert len(clip(method_without_policy(FlowGRPO, {}))) == 1  # the base's default, 1.0, clips through the strategy
+    assert clip(method_without_policy(UnclippedFlowGRPO, {})) == []  # its declared default: nothing to refuse
+    assert clip(method_without_policy(FlowGRPO, {"max_grad_norm": None})) == []
+
+
+def test_the_strategy_checks_read_the_built_trainers_strategy_object():
+    module, data = method_without_policy(FlowGRPO, {}), PromptDataModule(prompts=["a"], val_prompts=["a", "b", "c"],
+                                                                         val_batch_size=1)
+    trainer = Trainer(strategy=FSDP2Strategy(), accelerator="cpu", devices=2, logger=False)
+    assert strategy_problems(trainer, module, data) == [
+        "trainer.strategy='FSDP2Strategy' runs each forward as a collective, so every rank must draw as many "
+        "validation batches: 3 validation samples over 2 ranks give [2, 1] batches of data.val_batch_size=1; use "
+        "data.val_batch_size=2 (one batch each) or a sample count divisible by 2"]
+    assert strategy_problems(trainer, module, data, given="fsdp2")[0].startswith("trainer.strategy='fsdp2' runs")
+    one = Trainer(strategy=FSDP2Strategy(), accelerator="cpu", devices=1, logger=False)
+    assert strategy_problems(one, module, data) == []  # one rank draws every batch
+    parallel = Trainer(strategy=FSDP2Strategy(tensor_parallel_size=2), accelerator="cpu", devices=2, logger=False)
+    assert any("set tensor_parallel_size: 1" in p for p in strategy_problems(parallel, module, data))
+
+
+def test_a_built_runs_strategy_problem_is_reported_by_fit(tiny_model_dir, monkeypatch):
+    refuse_weights(monkeypatch)
+    with pytest.raises(SystemExit) as failure:  # the run builds (weights refused): its trainer's strategy is read
+        main(["fit", "--config", CONFIG, f"--model.init_args.policy.init_args.model={tiny_model_dir}",
+              "--trainer.strategy={class_path: flowrl.strategies.fsdp2.FSDP2Strategy}", "--trainer.devices=2",
+              "--data.val_prompts=[a, b, c]", "--data.val_batch_size=1"])
+    assert "trainer.strategy='FSDP2Strategy' runs each forward as a collective" in str(failure.value)
