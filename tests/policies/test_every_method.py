@@ -23,7 +23,9 @@ COVERING = [("flow_grpo", "zimage"), ("flow_grpo", "wan"),
             ("tree_rpo", "zimage"), ("tree_rpo", "qwen_edit"), ("tree_rpo", "wan"),
             ("branch_grpo", "qwen_image"), ("branch_grpo", "kontext"),
             ("diffusion_nft", "qwen_image"), ("diffusion_nft", "qwen_edit"),
-            ("tdm_r1", "flux2_distilled"), ("tdm_r1", "zimage")]
+            ("tdm_r1", "flux2_distilled"), ("tdm_r1", "zimage"),
+            ("mix_grpo", "qwen_image"), ("mix_grpo", "flux2"), ("gcpo", "zimage"), ("gcpo", "kontext"),
+            ("flash_grpo", "wan"), ("flash_grpo", "qwen_edit")]
 
 
 def model_dir(request, family: str) -> str:
