@@ -139,7 +139,7 @@ class FlowGRPO(PolicyGradient):
     def ode_tail(self, sde_mask: Tensor, sigmas: Tensor) -> Optional[MultistepTail]:
         if self.ode_solver_after_window is None:
             return None
-        after = int(sde_mask.nonzero().max()) + 1  # the window's last step, the same for every row
+        after = int(sde_mask.reshape(-1, self.num_steps).any(0).nonzero().max()) + 1  # after every row's window
         return MultistepTail(multistep_solver(self.ode_solver_after_window), sigmas, after)
 
     def noise_levels(self) -> Tensor:
