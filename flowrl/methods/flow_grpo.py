@@ -12,7 +12,9 @@ much each counts (the ODE runs on the other steps, and only stochastic steps are
 
 - MixGRPO (arXiv 2507.21802): ``sde_window = S``: the SDE on a window of ``S`` steps that slides over training
   (:func:`flowrl.sampling.windows.window_mask`: ``progressive`` every ``window_shift_every`` batches, or ``random``,
-  inside ``window_range``, default ``[0, T - 2)`` as the authors').
+  inside ``window_range``, default ``[0, T - 2)`` as the authors'); MixGRPO-Flash: ``ode_solver_after_window:
+  dpmsolver++``, diffusers' DPM-Solver++ (order 2) on the steps after the window instead of Euler, on the same grid
+  (:mod:`flowrl.sampling.multistep`).
 - Flash-GRPO (arXiv 2605.15980): ``flash_pool``: one stochastic step per prompt group drawn from these steps;
   ``flash_noise``: its std ``noise_level * (sigma_min + (sigma_max - sigma_min) sigma)``; ``rectify``: the loss
   weight ``coe / mean coe`` over the ``batch`` (the authors) or the ``pool`` (UniRL)
@@ -36,8 +38,10 @@ from flowrl.methods.batch import Batch
 from flowrl.methods.option_surface import at_least
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.policies.multistep_solvers import MULTISTEP_SOLVERS, multistep_solver
 from flowrl.sampling.flash import WEIGHT_SCOPES, flash_noise_levels, group_steps, one_step_mask, rectification
 from flowrl.sampling.flash import rectified_weights
+from flowrl.sampling.multistep import MultistepTail
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import fraction_problems, trained_steps
 from flowrl.sampling.windows import WINDOW_STRATEGIES, window_mask
@@ -58,6 +62,8 @@ class FlowGRPO(PolicyGradient):
             the start past the range) or ``random`` (a start drawn each batch from the run's seed).
         window_shift_every: batches per window position (MixGRPO's ``iters_per_group``, 25).
         window_range: ``[low, high)``: the steps the window may cover (None: ``[0, T - 2)``, MixGRPO's).
+        ode_solver_after_window: MixGRPO-Flash: the steps after the window integrated by this diffusers multistep
+            solver (``dpmsolver++``: DPM-Solver++ of order 2, the authors') on the same grid (None: the ODE step).
         flash_pool: Flash-GRPO: the steps from which each prompt group draws its one stochastic step (None: off).
         flash_noise: Flash-GRPO's SDE std ``noise_level * (sigma_min + (sigma_max - sigma_min) sigma)``.
         rectify: Flash-GRPO's loss weight ``coe(k) / mean coe``: ``batch`` (the authors) or ``pool`` (UniRL)
@@ -71,13 +77,15 @@ class FlowGRPO(PolicyGradient):
     def __init__(self, policy: FlowPolicy, timestep_fraction: float = 0.99, cfg_gradient: str = "cond",
                  kl_convention: str = "flow_grpo", sde_window: Optional[int] = None,
                  window_strategy: str = "progressive", window_shift_every: int = 25,
-                 window_range: Optional[list[int]] = None, flash_pool: Optional[list[int]] = None,
+                 window_range: Optional[list[int]] = None, ode_solver_after_window: Optional[str] = None,
+                 flash_pool: Optional[list[int]] = None,
                  flash_noise: bool = False, rectify: Optional[str] = None, train_chunks: Optional[float] = None,
                  chunk_weighting: Optional[str] = None, **kwargs: Any):
         super().__init__(policy, cfg_gradient=cfg_gradient, kl_convention=kl_convention, **kwargs)
         self.timestep_fraction = timestep_fraction
         self.sde_window, self.window_strategy = sde_window, window_strategy
         self.window_shift_every, self.window_range = window_shift_every, window_range
+        self.ode_solver_after_window = ode_solver_after_window
         self.flash_pool, self.flash_noise, self.rectify = flash_pool, flash_noise, rectify
         self.train_chunks, self.chunk_weighting = train_chunks, chunk_weighting
 
@@ -97,7 +105,7 @@ class FlowGRPO(PolicyGradient):
         if self.rectify is not None and (self.rectify not in WEIGHT_SCOPES or self.flash_pool is None):
             problems.append(f"model.rectify={self.rectify!r}: choose one of {list(WEIGHT_SCOPES)} with a flash_pool "
                             "(or null)")
-        return problems + chunk_problems(self)
+        return problems + chunk_problems(self) + tail_problems(self)
 
     def sde_mask(self, batch: int = 0) -> Tensor:
         """The window at ``batch`` (MixGRPO), every pool step (Flash-GRPO: some group draws each), or every step."""
@@ -128,6 +136,12 @@ class FlowGRPO(PolicyGradient):
             rollout.train_mask &= torch.cat(drawn).to(rollout.train_mask.device)
         return rollout
 
+    def ode_tail(self, sde_mask: Tensor, sigmas: Tensor) -> Optional[MultistepTail]:
+        if self.ode_solver_after_window is None:
+            return None
+        after = int(sde_mask.reshape(-1, self.num_steps).any(0).nonzero().max()) + 1  # after every row's window
+        return MultistepTail(multistep_solver(self.ode_solver_after_window), sigmas, after)
+
     def noise_levels(self) -> Tensor:
         if not self.flash_noise:
             return super().noise_levels()
@@ -145,6 +159,26 @@ class FlowGRPO(PolicyGradient):
 
     def trained_steps(self, sde_mask: Tensor, sigmas: Tensor) -> Tensor:
         return trained_steps(sde_mask, self.timestep_fraction, sigmas, self.step_kind)
+
+
+def tail_problems(o: "FlowGRPO") -> list[str]:
+    """MixGRPO-Flash's solver: a known one, after a window, on a flow (velocity) model; Flash-GRPO's noise: the
+    ``flow_grpo`` step's."""
+    problems, solver = [], o.ode_solver_after_window
+    if solver is not None:
+        if solver not in MULTISTEP_SOLVERS:
+            problems.append(f"model.ode_solver_after_window={solver!r}: choose one of {list(MULTISTEP_SOLVERS)} "
+                            "(or null)")
+        if o.sde_window is None:
+            problems.append("model.ode_solver_after_window solves the steps after MixGRPO's window: set "
+                            "model.sde_window (or null)")
+        if (predicts := getattr(o.policy, "prediction", "velocity")) != "velocity":
+            problems.append(f"model.ode_solver_after_window={solver!r} is the flow (velocity) solver, but the policy "
+                            f"predicts {predicts}; set it to null")
+    if o.flash_noise and o.step_kind != "flow_grpo":
+        problems.append(f"model.flash_noise=true sets the flow_grpo step's std, not the {o.step_kind} step's; set "
+                        "model.step_kind=flow_grpo or model.flash_noise=false")
+    return problems
 
 
 def chunk_problems(o: "FlowGRPO") -> list[str]:

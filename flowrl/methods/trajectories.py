@@ -14,6 +14,7 @@ from flowrl.methods.step_metrics import StepMetrics
 from flowrl.methods.trained_pairs import placeholder_sigmas
 from flowrl.policies.base import Conditioning
 from flowrl.rewards.reward_set import row_metadata
+from flowrl.sampling.multistep import MultistepTail
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import sample, sde_steps
 from flowrl.sampling.steps import ODE_STEPS
@@ -34,7 +35,7 @@ class Trajectories(StepMetrics):
         velocities = [] if reuse else None  # kept only for completions that reuse them
         latents, log_probs = sample(self.velocity_fn(cond, cond_rows), batch["seeds"], sigmas,
                                     self.policy.latent_shape(), self.step_kind, self.noise_levels(), mask, self.device,
-                                    velocities)
+                                    velocities, self.ode_tail(mask, sigmas))
         size = latents.shape[0]
         train = self.trained_steps(mask, sigmas.cpu()).to(self.device)
         rollout = Rollout(prompts=batch["prompts"], group_ids=batch["group_ids"], seeds=batch["seeds"],
@@ -59,6 +60,11 @@ class Trajectories(StepMetrics):
         """The stochastic steps of this batch's rollout, ``[T]`` or per row ``[B, T]`` (default: :meth:`sde_mask`;
         a schedule over training, MixGRPO's window or Flash-GRPO's step per group, overrides it)."""
         return self.sde_mask()
+
+    def ode_tail(self, sde_mask: Tensor, sigmas: Tensor) -> Optional[MultistepTail]:
+        """The multistep solver of the steps after the stochastic ones of ``sde_mask`` on the grid ``sigmas`` (None:
+        the step kind's own ODE step everywhere; MixGRPO-Flash's DPM-Solver++ overrides it)."""
+        return None
 
     def sde_mask(self) -> Tensor:
         """Which sampling steps are stochastic ``[T]`` (default: all, for an SDE ``step_kind``; none for an ODE

@@ -20,12 +20,15 @@ indices (:func:`branch_seed`), so the same config gives the same tree bit for bi
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from flowrl.sampling.steps import ODE_STEPS, StepOutput, get_step, ode_kind
+
+if TYPE_CHECKING:
+    from flowrl.sampling.multistep import MultistepTail
 
 #: ``velocity(z [M, ...], sigma [M], rows [M] long) -> v [M, ...]``: the model with its guidance bound; ``rows``
 #: index the batch's conditioning (the prompt, and its images, of each state).
@@ -163,7 +166,7 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int = 0,
                 step_kind: str = "flow_grpo", sde_mask: Optional[Tensor] = None, noise_level: float | Tensor = 0.7,
                 velocities: Optional[list[Tensor]] = None, rows: Optional[Tensor] = None,
                 steps: Optional[Tensor] = None, chunk_size: Optional[int] = None,
-                keep_states: bool = True) -> tuple[Tensor, Tensor]:
+                keep_states: bool = True, tail: Optional["MultistepTail"] = None) -> tuple[Tensor, Tensor]:
     """Continue trajectories from states ``z [R, ...]`` at step ``start`` for ``n`` steps.
 
     Args:
@@ -183,11 +186,16 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int = 0,
             the schedule); a row that has taken its steps is left out of later model calls.
         chunk_size: at most this many rows per model call (None: every active row at once).
         keep_states: return every state, or only each row's last (``[R, 1, ...]``).
+        tail: a multistep solver that takes over the (deterministic) steps from its ``start`` on (MixGRPO-Flash's
+            after the window; :class:`~flowrl.sampling.multistep.MultistepTail`), fed every step's model output; only
+            for every row on one schedule from step 0.
     Returns:
         latents ``[R, n + 1, *latent_shape]`` (``z`` first) and log_probs ``[R, n]`` (float32, 0 on ODE steps and
         after a row's last step).
     """
     batch = z.shape[0]
+    if tail is not None and (start != 0 or steps is not None or sigmas.ndim != 1):
+        raise ValueError("a multistep tail follows whole trajectories from step 0 on one schedule")
     if steps is not None:
         n = int(steps.max()) if batch else 0
     else:
@@ -216,7 +224,8 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int = 0,
         step_noise = None if noise is None else noise.draw(i) if isinstance(noise, NoiseStream) else noise[:, i]
         step_noise = step_noise if step_noise is None or every else step_noise[active.to(step_noise.device)]
         out = apply_step(z_in, v, sigma, sigma_next, step_kind, mask[active, i], step_noise, levels[k])
-        z = out.z_next if every else z.index_put((here,), out.z_next.to(z.dtype))
+        z_next = out.z_next if tail is None else tail.follow(k, v, z_in, out.z_next)
+        z = z_next if every else z.index_put((here,), z_next.to(z.dtype))
         if keep_states:
             latents[:, i + 1] = z
         log_probs[here, i] = out.log_prob
@@ -228,8 +237,10 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int = 0,
 @torch.no_grad()
 def sample(velocity: VelocityFn, seeds: Tensor, sigmas: Tensor, latent_shape: Sequence[int],
            step_kind: str = "flow_grpo", noise_level: float | Tensor = 0.7, sde_mask: Optional[Tensor] = None,
-           device: torch.device | str = "cpu", velocities: Optional[list[Tensor]] = None) -> tuple[Tensor, Tensor]:
-    """Whole trajectories from seeded noise along ``sigmas [T+1]``: ``sample_from`` step 0 with ``seeded_noise``.
+           device: torch.device | str = "cpu", velocities: Optional[list[Tensor]] = None,
+           tail: Optional["MultistepTail"] = None) -> tuple[Tensor, Tensor]:
+    """Whole trajectories from seeded noise along ``sigmas [T+1]``: ``sample_from`` step 0 with ``seeded_noise``
+    (``tail``: see :func:`sample_from`).
 
     Args:
         seeds: ``[B]`` long. sigmas: ``[T + 1]`` from 1 to 0. sde_mask: ``[T]`` or ``[B, T]`` (default: the SDE
@@ -241,7 +252,8 @@ def sample(velocity: VelocityFn, seeds: Tensor, sigmas: Tensor, latent_shape: Se
     sde_mask = sde_steps(num_steps, step_kind) if sde_mask is None else sde_mask
     noise = NoiseStream(seeds, latent_shape, num_steps + 1, device)  # seeded_noise [B, T+1, ...], a step at a time
     z0 = noise.draw(0)
-    return sample_from(velocity, z0, sigmas, 0, noise.rest(), step_kind, sde_mask, noise_level, velocities)
+    return sample_from(velocity, z0, sigmas, 0, noise.rest(), step_kind, sde_mask, noise_level, velocities,
+                       tail=tail)
 
 
 def sde_steps(num_steps: int, step_kind: str, sde_window: Optional[tuple[int, int]] = None) -> Tensor:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flowrl.cli import main
+from flowrl.sampling.flash import group_steps
 
 HERE = Path(__file__).resolve().parent
 CONFIG = str(HERE / "fit_tiny.yaml")
@@ -76,15 +77,30 @@ def g2rpo_fit_args(model_dir, out, *extra):
     return tree_fit(model_dir, out, "flowrl.methods.G2RPO", "--model.init_args.branches=2", *extra)
 
 
-@pytest.mark.parametrize("method", ["flow_grpo", "g2rpo"])
+#: Flow-GRPO's step-credit options, whose draws read the batch count: MixGRPO's progressive window (one step a batch
+#: over [0, 3) of 4 steps: batches 2 and 3 train steps 2 and 0, a restarted count would give 0 and 1), Flash-GRPO's
+#: step per group and GCPO's chunks per sample (both drawn from the seed and the batch: a resume must not redraw
+#: batch 0's)
+RESUMED_OPTIONS = {
+    "flow_grpo": [],
+    "mix_grpo": ["--model.init_args.num_steps=4", "--model.init_args.sde_window=1",
+                 "--model.init_args.window_shift_every=1", "--model.init_args.window_range=[0, 3]"],
+    "flash_grpo": ["--model.init_args.flash_pool=[0, 1, 2]", "--model.init_args.flash_noise=true",
+                   "--model.init_args.rectify=batch"],
+    "gcpo": ["--model.init_args.loss=chunk_gspo", "--model.init_args.loss_options={chunks: [1, 2]}",
+             "--model.init_args.train_chunks=0.5", "--model.init_args.timestep_fraction=1.0"],
+}
+
+
+@pytest.mark.parametrize("method", [*RESUMED_OPTIONS, "g2rpo"])
 def test_resume_continues_exactly(tiny_model_dir, tmp_path, method):
-    args = {"flow_grpo": fit_args, "g2rpo": g2rpo_fit_args}[method]
+    # the uninterrupted run's own step-2 checkpoint is the one a run stopped at step 2 saves (the batch ends both)
+    options, fit = RESUMED_OPTIONS.get(method, []), g2rpo_fit_args if method == "g2rpo" else fit_args
     ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
             "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1"]
-    main(args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4", *ckpt))
-    main(args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ckpt))
-    saved = next(Path(tmp_path / "first").rglob("*step=2.ckpt"))
-    main(args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}"))
+    main(fit(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4", *options, *ckpt))
+    saved = next(Path(tmp_path / "straight").rglob("*step=2.ckpt"))
+    main(fit(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", *options, f"--ckpt_path={saved}"))
     straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
     assert sorted(resumed) == ["step2_rank0", "step3_rank0"]
     for key in resumed:
@@ -92,7 +108,15 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path, method):
         assert torch.equal(straight[key]["advantages"], resumed[key]["advantages"])
     ws, wr = torch.load(tmp_path / "straight/dump/weights.pt"), torch.load(tmp_path / "resumed/dump/weights.pt")
     assert all(torch.equal(ws[k], wr[k]) for k in ws)
-    if method != "flow_grpo":  # the restart from a finished run's last.ckpt is Lightning's: once
+    trained = {key: [set(row.nonzero().flatten().tolist()) for row in step["advantages"]]
+               for key, step in straight.items()}
+    if method == "mix_grpo":  # the window went on from batch 2, not from a restarted count
+        assert [set().union(*trained[f"step{b}_rank0"]) for b in range(4)] == [{0}, {1}, {2}, {0}]
+    if method == "flash_grpo":  # each batch's draw, keyed by the batch count: not batch 0's again
+        for b in range(4):
+            drawn = group_steps(straight[f"step{b}_rank0"]["group_ids"], [0, 1, 2], seed=3, iteration=b)
+            assert all(c <= {int(d)} for c, d in zip(trained[f"step{b}_rank0"], drawn))
+    if method != "flow_grpo":
         return
     # a finished run's last.ckpt (saved when max_steps is reached on the epoch's last batch: 4 prompts / 2 groups = 2
     # batches per epoch) resumed to more steps: Lightning restarts the next epoch with its batch counter unreset

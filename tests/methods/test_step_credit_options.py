@@ -18,6 +18,9 @@ POLICY = {"class_path": "flowrl.policies.TinyFlowPolicy"}
     ({"sde_window": 0}, "model.sde_window=0"),
     ({"sde_window": 2, "window_strategy": "decay"}, "model.window_strategy='decay'"),
     ({"sde_window": 2, "window_range": [5, 3]}, "model.window_range=[5, 3)"),
+    ({"ode_solver_after_window": "dpmsolver++"}, "set model.sde_window"),
+    ({"sde_window": 2, "ode_solver_after_window": "unipc"}, "model.ode_solver_after_window='unipc'"),
+    ({"flash_pool": [0], "flash_noise": True, "step_kind": "cps"}, "sets the flow_grpo step's std, not the cps"),
     ({"flash_pool": [0, 12]}, "model.flash_pool=[0, 12]"),
     ({"flash_pool": [0], "sde_window": 2}, "both choose the stochastic steps"),
     ({"rectify": "batch"}, "model.rectify='batch'"),
@@ -35,6 +38,8 @@ def test_bad_step_credit_options_are_named(options, message):
 
 def test_published_settings_pass_the_checks():
     assert option_problems(FlowGRPO, policy=POLICY, num_steps=25, sde_window=4) == []  # MixGRPO
+    assert option_problems(FlowGRPO, policy=POLICY, num_steps=25, sde_window=4,
+                           ode_solver_after_window="dpmsolver++") == []  # MixGRPO-Flash
     assert option_problems(FlowGRPO, policy=POLICY, num_steps=20, flash_pool=list(range(10)), flash_noise=True,
                            rectify="batch", noise_level=1.0) == []  # Flash-GRPO
     assert option_problems(FlowGRPO, policy=POLICY, num_steps=17, loss="chunk_gspo@gcpo", clip_range=5e-5,
@@ -46,10 +51,13 @@ def trained_columns(step):
     return [set(row.nonzero().flatten().tolist()) for row in step["advantages"]]
 
 
-def test_mixgrpo_window_slides_over_batches(tiny_model_dir, tmp_path):
-    # T = 3, window 1 in [0, 2): batch 0 trains step 0, batch 1 step 1, batch 2 step 0 again
+@pytest.mark.parametrize("solver", [None, "dpmsolver++"])
+def test_mixgrpo_window_slides_over_batches(tiny_model_dir, tmp_path, solver):
+    # T = 3, window 1 in [0, 2): batch 0 trains step 0, batch 1 step 1, batch 2 step 0 again; MixGRPO-Flash's solver
+    # after the window changes the images, not which steps train
+    extra = [] if solver is None else [f"--model.init_args.ode_solver_after_window={solver}"]
     main(fit_args(tiny_model_dir, tmp_path, "--model.init_args.sde_window=1", "--model.init_args.window_shift_every=1",
-                  "--model.init_args.window_range=[0, 2]", "--trainer.max_steps=3"))
+                  "--model.init_args.window_range=[0, 2]", "--trainer.max_steps=3", *extra))
     steps = load_steps(tmp_path)
     for b in range(3):
         window = set(window_mask(b, num_steps=3, size=1, every=1, low=0, high=2).nonzero().flatten().tolist())

@@ -61,6 +61,40 @@ def flow_grpo(tiny_model_dir):
     return lambda out, *extra: fit_args(tiny_model_dir, out, *common, *extra), plain
 
 
+def every_step(one_dir: Path, two_dir: Path) -> None:
+    """Every step of the 2-process run (not only the first) has the 1-process run's rewards and advantages, matched
+    by seed (a schedule over batches: MixGRPO's window, Flash's per-group step, GCPO's chunk draw), and the same final
+    weights."""
+    assert_two_ranks_equal_one(one_dir, two_dir)
+    one, two = load_steps(one_dir), load_steps(two_dir)
+    assert len(one) > 1 and len(two) == 2 * len(one)
+    for step in sorted({k.split("_")[0] for k in one}):
+        ranks, ref = [two[f"{step}_rank{r}"] for r in (0, 1)], one[f"{step}_rank0"]
+        order = torch.cat([r["seeds"] for r in ranks]).argsort()
+        for key in ("rewards", "advantages"):
+            torch.testing.assert_close(torch.cat([r[key] for r in ranks])[order], ref[key][ref["seeds"].argsort()])
+
+
+def step_credit(*options: str):
+    """A Flow-GRPO step-credit option (MixGRPO, Flash-GRPO, GCPO), two batches: its draws are keyed by the seed, the
+    batch and the group or sample, so each rank draws for its own rows what one process draws for them."""
+    def make(tiny_model_dir):
+        common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=2", *options, *NO_CLIP]
+        return lambda out, *extra: fit_args(tiny_model_dir, out, *common, *extra), every_step
+    return make
+
+
+# the random window over [0, 3) of 4 steps; Flash's draw over 3 steps with the batch-mean weight (gathered); GCPO half
+# of the chunks [1, 2] per sample, weighted by the latents' relative-L1 change (each rank's own latents)
+MIX_GRPO = step_credit("--model.init_args.num_steps=4", "--model.init_args.sde_window=2",
+                       "--model.init_args.window_strategy=random", "--model.init_args.window_range=[0, 3]")
+FLASH_GRPO = step_credit("--model.init_args.flash_pool=[0, 1, 2]", "--model.init_args.flash_noise=true",
+                         "--model.init_args.rectify=batch")
+GCPO = step_credit("--model.init_args.loss=chunk_gspo", "--model.init_args.loss_options={chunks: [1, 2]}",
+                   "--model.init_args.train_chunks=0.5", "--model.init_args.chunk_weighting=normalized",
+                   "--model.init_args.timestep_fraction=1.0")
+
+
 def dense_grpo(tiny_model_dir):
     # calibration counts dR signs over the trajectories of every rank, and the per-(group, step) advantages use the
     # gathered rewards, so two processes calibrate the same psi and take the same SGD step as one
@@ -201,6 +235,9 @@ DDP_CASES = {
     "grpo_guard": mean_shift_loss("tiny_grpo_guard.yaml", "--model.init_args.clip_range=1.0e-3"),
     "awm": awm,
     "tdm_r1": tdm_r1,
+    "mix_grpo": MIX_GRPO,
+    "gcpo": GCPO,
+    "flash_grpo": FLASH_GRPO,
     "uneven_pairs": uneven_pairs,
     "nan_on_one_rank": nan_on_one_rank,
 }
@@ -293,6 +330,9 @@ FSDP2_CASES = {name: sharded(make) for name, make in {
     "grpo_guard": DDP_CASES["grpo_guard"],
     "awm": awm,
     "tdm_r1": tdm_r1,
+    "mix_grpo": MIX_GRPO,
+    "gcpo": GCPO,
+    "flash_grpo": FLASH_GRPO,
 }.items()}
 
 

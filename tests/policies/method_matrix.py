@@ -72,6 +72,14 @@ METHODS = {
     "g2rpo": ("flowrl.methods.G2RPO", {"branches": 2}),
     "diffusion_nft": ("flowrl.methods.DiffusionNFT", {}),
     "tdm_r1": ("flowrl.methods.TDMR1", {"num_steps": 2, "num_train_steps": 1}),
+    # Flow-GRPO's step-credit options: MixGRPO's window (with MixGRPO-Flash's solver after it on a flow model),
+    # GCPO's chunks, Flash-GRPO's one step per group
+    "mix_grpo": ("flowrl.methods.FlowGRPO", {"sde_window": 1, "window_shift_every": 1,
+                                             "ode_solver_after_window": "dpmsolver++"}),
+    "gcpo": ("flowrl.methods.FlowGRPO", {"loss": "chunk_gspo", "loss_options": {"chunks": [1, 2]},
+                                         "train_chunks": 0.5, "timestep_fraction": 1.0}),
+    "flash_grpo": ("flowrl.methods.FlowGRPO", {"flash_pool": [0, 1], "flash_noise": True, "rectify": "batch",
+                                               "noise_level": 1.0}),
 }
 #: the pairs that cannot run, and the words of the pre-load check's reason
 REFUSED = {
@@ -80,9 +88,12 @@ REFUSED = {
     ("tdm_r1", "flux"): "guidance-distilled",
     ("tdm_r1", "kontext"): "guidance-distilled",
     ("tdm_r1", "flux2_dev"): "guidance-distilled",
+    ("mix_grpo", "sd15"): "is the flow (velocity) solver, but the policy predicts epsilon",
+    ("flash_grpo", "sd15"): "model.flash_noise=true sets the flow_grpo step's std, not the ddim step's",
 }
 #: where the step kind is an option of the method, and where guidance options exist (the others would be unknown keys)
-POLICY_GRADIENT = {"flow_grpo", "dense_grpo", "tp_grpo", "tempflow_grpo", "tree_rpo", "branch_grpo", "g2rpo"}
+POLICY_GRADIENT = {"flow_grpo", "dense_grpo", "tp_grpo", "tempflow_grpo", "tree_rpo", "branch_grpo", "g2rpo", "mix_grpo",
+                   "gcpo", "flash_grpo"}
 NEW_FAMILIES = ["qwen_image", "qwen_image21", "flux2", "zimage", "qwen_edit", "kontext", "wan"]
 
 

@@ -27,7 +27,9 @@ COVERING = [("flow_grpo", "zimage"), ("flow_grpo", "wan"),
             ("tdm_r1", "flux2_distilled"), ("tdm_r1", "zimage"),
             # Qwen-Image 2.1: a tree, the negative-aware fine-tuning and the distillation family (Flow-GRPO:
             # test_family_fits.py)
-            ("tree_rpo", "qwen_image21"), ("diffusion_nft", "qwen_image21"), ("tdm_r1", "qwen_image21")]
+            ("tree_rpo", "qwen_image21"), ("diffusion_nft", "qwen_image21"), ("tdm_r1", "qwen_image21"),
+            ("mix_grpo", "qwen_image"), ("mix_grpo", "flux2"), ("gcpo", "zimage"), ("gcpo", "kontext"),
+            ("flash_grpo", "wan"), ("flash_grpo", "qwen_edit")]
 
 
 def model_dir(request, family: str) -> str:
