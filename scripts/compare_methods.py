@@ -73,12 +73,19 @@ def spent(out: Path) -> float:
 
 def evaluations_per_batch(config: str, out: Path, prompts: int, overrides: list[str]) -> float:
     """One batch of ``config`` (with ``overrides``) at this batch shape: its ``rollout/evaluations``. DenseGRPO's
-    first batch also carries its calibration, so the probe takes two batches and reads the second."""
+    first batch also carries its calibration, so the probe takes two batches and reads the second. A rerun reads
+    the probe a run of the same shape left in ``out`` (``probe.json`` says which)."""
+    shape, kept = {"config": config, "prompts": prompts, "overrides": overrides}, out / "probe.json"
+    if kept.is_file() and json.loads(kept.read_text())["shape"] == shape:
+        return json.loads(kept.read_text())["evaluations"]
+    shutil.rmtree(out, ignore_errors=True)
     finished(fit(config, out, 0, prompts, 2, ["--data.val_prompts=null", "--trainer.callbacks=[]",
                                               "--trainer.callbacks+=flowrl.rewards.DigitAlignment", *overrides]),
              f"probe of {config}")
     with open(metrics_file(out)) as f:
-        return [float(r["rollout/evaluations"]) for r in csv.DictReader(f) if r.get("rollout/evaluations")][-1]
+        evaluations = [float(r["rollout/evaluations"]) for r in csv.DictReader(f) if r.get("rollout/evaluations")][-1]
+    kept.write_text(json.dumps({"shape": shape, "evaluations": evaluations}) + "\n")
+    return evaluations
 
 
 def measure_drift(out: Path, val_prompts: str) -> dict:
