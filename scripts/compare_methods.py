@@ -13,7 +13,9 @@ batch, which sets its validation interval. ``--variant`` adds runs of a method w
 the cost of dense credit). Rerunning the same command after an interruption keeps every run that already spent the
 budget and restarts the others. Validation: the 128 held-out prompts of ``configs/prompts/digits_val.txt`` with the
 10-step ODE, before the first batch, at ``--val-every`` batches' worth of budget and after the last. The runs'
-``metrics.csv`` files go under ``--out/<method>/seed<k>/``; the plot (training reward and validation against
+``metrics.csv`` files go under ``--out/<method>/seed<k>/``. ``--drift`` measures each run's final policy against
+its base model on the held-out prompts (``scripts/base_drift.py``: the KL of the Flow-GRPO SDE's trajectories and
+the velocity MSE), into ``drift.json`` beside each run and ``--out/drift.csv``. The plot (training reward and validation against
 cumulative evaluations, mean and min-max band over seeds) and a Markdown table come from ``scripts/plot_rewards.py``.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import shutil
@@ -70,12 +73,49 @@ def spent(out: Path) -> float:
 
 def evaluations_per_batch(config: str, out: Path, prompts: int, overrides: list[str]) -> float:
     """One batch of ``config`` (with ``overrides``) at this batch shape: its ``rollout/evaluations``. DenseGRPO's
-    first batch also carries its calibration, so the probe takes two batches and reads the second."""
+    first batch also carries its calibration, so the probe takes two batches and reads the second. A rerun reads
+    the probe a run of the same shape left in ``out`` (``probe.json`` says which)."""
+    shape, kept = {"config": config, "prompts": prompts, "overrides": overrides}, out / "probe.json"
+    if kept.is_file() and json.loads(kept.read_text())["shape"] == shape:
+        return json.loads(kept.read_text())["evaluations"]
+    shutil.rmtree(out, ignore_errors=True)
     finished(fit(config, out, 0, prompts, 2, ["--data.val_prompts=null", "--trainer.callbacks=[]",
                                               "--trainer.callbacks+=flowrl.rewards.DigitAlignment", *overrides]),
              f"probe of {config}")
     with open(metrics_file(out)) as f:
-        return [float(r["rollout/evaluations"]) for r in csv.DictReader(f) if r.get("rollout/evaluations")][-1]
+        evaluations = [float(r["rollout/evaluations"]) for r in csv.DictReader(f) if r.get("rollout/evaluations")][-1]
+    kept.write_text(json.dumps({"shape": shape, "evaluations": evaluations}) + "\n")
+    return evaluations
+
+
+def measure_drift(out: Path, val_prompts: str) -> dict:
+    """``scripts/base_drift.py`` of the finished run in ``out`` (kept in ``out/drift.json``, measured once).
+
+    Raises:
+        SystemExit: the run's last checkpoint is not its final step (its budget state differs from its metrics).
+    """
+    kept = out / "drift.json"
+    if not kept.is_file():
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "base_drift.py"), str(out), "--prompts",
+                               val_prompts], cwd=ROOT, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        if proc.returncode:
+            raise SystemExit(f"drift of {out} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        measured = json.loads(proc.stdout.strip().splitlines()[-1])
+        if measured["spent"] != spent(out):
+            raise SystemExit(f"{out}: last.ckpt holds {measured['spent']} evaluations, the run spent {spent(out)}: "
+                             "not the final weights")
+        kept.write_text(json.dumps(measured) + "\n")
+    return json.loads(kept.read_text())
+
+
+def write_drift(path: Path, rows: list[dict]) -> None:
+    """The drift of every run, one row per (method, seed)."""
+    keys = ["method", "seed", "kl", "velocity_mse", "global_step", "spent", "ema"]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def main(argv=None) -> None:
@@ -93,6 +133,7 @@ def main(argv=None) -> None:
     parser.add_argument("--val-prompts", default=str(ROOT / "configs" / "prompts" / "digits_val.txt"),
                         help="held-out prompts (a file, or a list in YAML flow style)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
+    parser.add_argument("--drift", action="store_true", help="measure each final policy's drift from its base model")
     parser.add_argument("--plot-only", action="store_true", help="only plot and tabulate existing runs")
     args = parser.parse_args(argv)
     runs = {name: (METHODS[name], METHODS[name], []) for name in args.methods}  # label -> (config, folder, extra)
@@ -121,13 +162,19 @@ def main(argv=None) -> None:
                 out = args.out / folder / f"seed{seed}"
                 if spent(out) >= args.budget:  # a rerun after an interruption keeps the runs that finished
                     print(f"kept: {name} seed {seed}", flush=True)
-                    return
-                shutil.rmtree(out, ignore_errors=True)
-                finished(fit(config, out, seed, args.prompts, batches, extra),
-                         f"{name} seed {seed}")
-                print(f"done: {name} seed {seed}", flush=True)
+                else:
+                    shutil.rmtree(out, ignore_errors=True)
+                    finished(fit(config, out, seed, args.prompts, batches, extra), f"{name} seed {seed}")
+                    print(f"done: {name} seed {seed}", flush=True)
+                if args.drift:
+                    measured = measure_drift(out, args.val_prompts)
+                    print(f"drift: {name} seed {seed}: KL {measured['kl']:.4g}", flush=True)
 
             list(pool.map(run, jobs))
+    if args.drift:
+        write_drift(args.out / "drift.csv", [{"method": name, "seed": s, **measure_drift(args.out / folder / f"seed{s}",
+                                                                                        args.val_prompts)}
+                                             for name, (_, folder, _) in runs.items() for s in args.seeds])
     files = [f"{name}=" + ",".join(str(metrics_file(args.out / folder / f"seed{s}")) for s in args.seeds)
              for name, (_, folder, _) in runs.items()]
     subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_rewards.py"), *files, "--x", "evaluations",

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from flowrl.methods import FlowGRPO
+from tests.methods.likelihood_free import ROOT, assert_resume_is_exact, shrunk
 from tests.methods.options import option_problems
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 
@@ -96,3 +97,13 @@ def test_the_kl_convention_scales_each_steps_kl_by_its_dt(tiny_model_dir):
     assert all(k > 0 for k in kls["exact"])
     for exact, scaled, step in zip(kls["exact"], kls["flow_grpo"], dt):
         assert scaled == pytest.approx(exact * step, rel=1e-5)
+
+
+@pytest.mark.parametrize("config", ["tiny_dppo.yaml", "tiny_grpo_guard.yaml"])
+def test_the_mean_shift_losses_resume_exactly(config, tiny_model_dir, tmp_path, monkeypatch):
+    """Flow-DPPO and GRPO-Guard (the old means a batch replays before its first minibatch, read by the loss of its
+    second): 4 straight optimizer steps equal 2 steps, a checkpoint and 2 resumed ones."""
+    monkeypatch.chdir(ROOT)
+    args = lambda out, *extra: shrunk(config, out, "--model.init_args.num_minibatches=2",  # noqa: E731
+                                      "--model.init_args.micro_batch_size=5", *extra, model_dir=tiny_model_dir)
+    assert assert_resume_is_exact(args, tmp_path, ("default",))["global_step"] == 2
