@@ -51,6 +51,7 @@ from flowrl.config_nodes import as_dict
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
 from flowrl.methods.option_surface import MethodOptionsError
+from flowrl.model_paths import MODEL_KEY, cache_only
 from flowrl.policies.pipeline_policy import PolicyOptionsError
 
 DESCRIPTION = "flowrl: RL post-training of diffusion and flow-matching generators, a PyTorch Lightning plug-in."
@@ -101,7 +102,8 @@ class FlowRLCLI(LightningCLI):
             return super().instantiate_classes()
         problems, config = self.config_problems, self.config[self.subcommand]
         try:
-            super().instantiate_classes()
+            with cache_only(any(problem.startswith(f"{MODEL_KEY}=") for problem in problems)):
+                super().instantiate_classes()
         except Exception as err:  # noqa: BLE001  a config the checks refuse may not build at all: they say why
             refused = refusal(err)  # jsonargparse may wrap the error a class raised while it built it
             if isinstance(refused, MethodOptionsError):  # the policy built: every problem of the method's options

@@ -23,7 +23,7 @@ from flowrl.config_nodes import as_dict, class_at, plain, with_defaults
 from flowrl.data import GroupLayout, PromptDataModule, load_prompts
 from flowrl.methods.base import BaseModule
 from flowrl.methods.option_surface import MethodOptionsError
-from flowrl.model_paths import model_problems
+from flowrl.model_paths import MODEL_KEY, model_problems
 from flowrl.prompt_records import config_record_problems
 from flowrl.strategies.checks import strategy_problems
 
@@ -49,7 +49,7 @@ def config_problems(config: Any) -> list[str]:
     init_args = as_dict(model.get("init_args"))
     policy = as_dict(init_args.get("policy"))
     if isinstance(as_dict(policy.get("init_args")).get("model"), str):
-        problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
+        problems += model_problems(policy["init_args"]["model"], MODEL_KEY)
     trainer = as_dict(config.get("trainer"))
     problems += accelerator_problems(trainer)  # a GPU config on a machine without one
     world = world_size(trainer)
