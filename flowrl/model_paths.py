@@ -7,10 +7,15 @@ passed to ``from_pretrained`` unchanged, so one loading path serves all three.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Iterator
+from unittest import mock
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 EMBEDDED_PREFIX = "flowrl/"
+#: where a ``fit`` config names its model
+MODEL_KEY = "model.init_args.policy.init_args.model"
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -73,3 +78,17 @@ def hub_problems(repo_id: str, key: str, timeout: float = 10.0) -> list[str]:
         return [f"{key}={repo_id!r}: the hub ({endpoint}) did not give this model ({type(err).__name__}: "
                 f"{reason[:300]}) and it is not in the local cache; {fix}"]
     return []
+
+
+@contextmanager
+def cache_only(active: bool = True) -> Iterator[None]:
+    """Within it (when ``active``), hub reads come from the local cache alone, as under ``HF_HUB_OFFLINE=1``.
+
+    For building a run whose model :func:`model_problems` already refused: the policy reads its configs where the
+    weights would come from, and the hub client retries a refused connection for about 25 s (five backoffs) before
+    failing the way the quick check already said.
+    """
+    from huggingface_hub import constants
+
+    with mock.patch.object(constants, "HF_HUB_OFFLINE", True) if active else nullcontext():
+        yield

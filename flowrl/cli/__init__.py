@@ -52,6 +52,7 @@ from flowrl.config_nodes import as_dict
 from flowrl.data import PromptDataModule
 from flowrl.methods.base import BaseModule
 from flowrl.methods.option_surface import MethodOptionsError
+from flowrl.model_paths import MODEL_KEY, cache_only
 from flowrl.policies.pipeline_policy import PolicyOptionsError
 from flowrl.prompt_records import data_record_problems
 
@@ -111,7 +112,8 @@ class FlowRLCLI(LightningCLI):
         problems, config = self.config_problems, self.config[self.subcommand]
         ckpt, given = config.get("ckpt_path"), config.get("trainer", {}).get("strategy")
         try:
-            super().instantiate_classes()
+            with cache_only(any(problem.startswith(f"{MODEL_KEY}=") for problem in problems)):
+                super().instantiate_classes()
         except Exception as err:  # noqa: BLE001  a config the checks refuse may not build at all: they say why
             refused = refusal(err)  # jsonargparse may wrap the error a class raised while it built it
             data, trainer = parts_without_model(self.parser, self.config, self.subcommand)

@@ -23,7 +23,7 @@ from flowrl.cli.reward_checks import reward_model_problems
 from flowrl.config_nodes import as_dict, class_at, plain, with_defaults
 from flowrl.data import GroupLayout, PromptDataModule
 from flowrl.methods.base import BaseModule
-from flowrl.model_paths import model_problems
+from flowrl.model_paths import MODEL_KEY, model_problems
 
 
 def config_problems(config: Any) -> list[str]:
@@ -45,7 +45,7 @@ def config_problems(config: Any) -> list[str]:
                         "`- class_path: flowrl.rewards.DigitAlignment`")
     policy = as_dict(as_dict(as_dict(config.get("model")).get("init_args")).get("policy"))
     if isinstance(as_dict(policy.get("init_args")).get("model"), str):
-        problems += model_problems(policy["init_args"]["model"], "model.init_args.policy.init_args.model")
+        problems += model_problems(policy["init_args"]["model"], MODEL_KEY)
     trainer = as_dict(config.get("trainer"))
     problems += accelerator_problems(trainer)  # a GPU config on a machine without one
     data = with_defaults(PromptDataModule, config.get("data"))  # every data option, the declared default where unset

@@ -17,6 +17,10 @@ from flowrl.checkpoints.loading import load_policy
 from tests.cli.test_fit import CONFIG as CONFIG_OF_TESTS
 from tests.cli.test_fit import fit_args, load_steps
 
+# one xdist worker runs this file (pytest's --dist loadgroup): its module's fit (flow_grpo_run) is built once, not
+# once per worker
+pytestmark = pytest.mark.xdist_group("flow_grpo_run")
+
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = "/no/such/model/folder"  # where a config would load a model: never reached
 

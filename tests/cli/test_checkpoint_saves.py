@@ -21,6 +21,10 @@ from flowrl.checkpoints.sharded import load_consolidated
 from flowrl.cli import main
 from tests.cli.test_fit import fit_args
 
+# one xdist worker runs this file (pytest's --dist loadgroup): its module's 2-process FSDP2 run (killed_fsdp2_run)
+# is built once, not once per worker
+pytestmark = pytest.mark.xdist_group("killed_fsdp2_run")
+
 ROOT = Path(__file__).resolve().parents[2]
 LAST_ONLY = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true",
              "--trainer.callbacks.save_top_k=0", "--trainer.callbacks.every_n_train_steps=1"]

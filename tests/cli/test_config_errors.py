@@ -83,6 +83,7 @@ def test_an_unreachable_hub_model_is_named_at_once(tmp_path, env, message):
     assert proc.returncode != 0
     assert "model.init_args.policy.init_args.model='someorg/no-such-model'" in proc.stderr
     assert message in proc.stderr and "hf download someorg/no-such-model" in proc.stderr
+    assert "Retrying in" not in proc.stderr  # the build after the check reads the cache alone: no backoff waited for
 
 
 def test_a_function_reward_that_does_not_import_is_one_line_before_loading(tmp_path, monkeypatch):

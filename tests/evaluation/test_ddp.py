@@ -10,6 +10,10 @@ import pytest
 
 from tests.evaluation.conftest import ROOT, evaluate_args
 
+# one xdist worker runs this file (pytest's --dist loadgroup): the session's brightness fit and evaluation
+# (tests/evaluation/conftest.py) is built once, not once per worker
+pytestmark = pytest.mark.xdist_group("evaluation")
+
 
 def test_two_processes_write_the_files_of_one(evaluated, bright_ckpt, untrained_lora, suite16, tmp_path):
     one, _ = evaluated

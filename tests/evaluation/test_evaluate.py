@@ -7,6 +7,7 @@ import csv
 import re
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -19,6 +20,10 @@ from flowrl.checkpoints.loading import load_policy
 from flowrl.rewards import DigitAlignment
 
 from tests.evaluation.conftest import SEEDS, STEPS
+
+# one xdist worker runs this file (pytest's --dist loadgroup): the session's brightness fit and evaluation
+# (tests/evaluation/conftest.py) is built once, not once per worker
+pytestmark = pytest.mark.xdist_group("evaluation")
 
 
 def scores(out) -> dict:

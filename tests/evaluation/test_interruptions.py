@@ -16,6 +16,10 @@ from tests.evaluation.conftest import ROOT, SEEDS, STEPS
 from tests.evaluation.test_command import fake_run
 from tests.sigterm import terminate, wait_for
 
+# one xdist worker runs this file (pytest's --dist loadgroup): the session's brightness fit and evaluation
+# (tests/evaluation/conftest.py) is built once, not once per worker
+pytestmark = pytest.mark.xdist_group("evaluation")
+
 OLD_REPORT = ("report.md", "scores.csv", "evaluation.json")
 
 

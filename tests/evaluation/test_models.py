@@ -17,6 +17,10 @@ from flowrl.cli import main
 from flowrl.methods import FlowGRPO
 from flowrl.policies import LoraOptions, TinyFlowPolicy
 
+# one xdist worker runs this file (pytest's --dist loadgroup): the session's brightness fit and evaluation
+# (tests/evaluation/conftest.py) is built once, not once per worker
+pytestmark = pytest.mark.xdist_group("evaluation")
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS, SEEDS, STEPS = ["red 3 and blue 7", "green 1 and green 4"], [0, 5], 3
 

@@ -23,6 +23,10 @@ from flowrl.rewards.remote import RemoteRewardError
 from tests.cli.test_fit import fit_args, load_steps
 from tests.rewards.server_process import kill, reward_server
 
+# one xdist worker runs this file (pytest's --dist loadgroup): its module's reward server process is built once, not
+# once per worker
+pytestmark = pytest.mark.xdist_group("reward_server")
+
 pytest.importorskip("litserve", reason="the reward server needs the `serve` extra")
 
 CONFIG = """

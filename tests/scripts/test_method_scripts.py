@@ -29,15 +29,19 @@ def test_bench_reports_each_methods_evaluations(tmp_path):
 
 
 def test_compare_trains_each_method_to_its_budget_and_tabulates(tmp_path):
+    # one method at its config's settings and one variant of another: 2 probes and 2 runs (a second method at its
+    # settings would only repeat the first's path)
     out = run("scripts/compare_methods.py", "--budget", "154", "--prompts", "1", "--seeds", "0",
-              "--methods", "Flow-GRPO", "BranchGRPO", "--out", str(tmp_path),
+              "--methods", "BranchGRPO", "--out", str(tmp_path),
               "--variant", "Flow-GRPO 5 steps=Flow-GRPO:--model.init_args.num_steps=5",
               "--val-prompts", "[red 3 and blue 7, green 1 and red 2]")
-    assert "Flow-GRPO: 80 evaluations per batch -> 2 batches" in out
     assert "BranchGRPO: 77 evaluations per batch -> 2 batches" in out  # ceil(154 / 77)
     assert "Flow-GRPO 5 steps: 40 evaluations per batch -> 4 batches" in out  # a variant with its overrides
-    assert (tmp_path / "methods.png").is_file() and "| Flow-GRPO | 1 |" in out and "| Flow-GRPO 5 steps | 1 |" in out
-    (metrics,) = (tmp_path / "tiny_flow_grpo" / "seed0").glob("*/version_*/metrics.csv")
+    assert (tmp_path / "methods.png").is_file() and "| BranchGRPO | 1 |" in out and "| Flow-GRPO 5 steps | 1 |" in out
+    (metrics,) = (tmp_path / "tiny_branch_grpo" / "seed0").glob("*/version_*/metrics.csv")
     rows = list(csv.DictReader(metrics.open()))
-    assert sum(float(r["rollout/evaluations"]) for r in rows if r.get("rollout/evaluations")) == 160
+    assert sum(float(r["rollout/evaluations"]) for r in rows if r.get("rollout/evaluations")) == 154  # 2 x 77
     assert len([r for r in rows if r.get("val/reward/total")]) >= 2  # before and after
+    (variant,) = (tmp_path / "tiny_flow_grpo__flow_grpo_5_steps" / "seed0").glob("*/version_*/metrics.csv")
+    assert sum(float(r["rollout/evaluations"]) for r in csv.DictReader(variant.open())
+               if r.get("rollout/evaluations")) == 160  # 4 batches x 40: the budget reached at the batch past it
