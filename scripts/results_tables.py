@@ -232,14 +232,14 @@ def blocks() -> dict[str, str]:
             ("Flow-GRPO 4-step" if i == 1 else "", "flow_grpo_4step", i) for i in range(1, 5)] + [
             ("", "flow_grpo_4step", "end"), ("its longer run", "flow_grpo_4step_128k", "end"),
             ("TDM-R1", "tdm_r1", "end")], (0, 1, 2)),
+        **methods_2026(),
     }
 
 
 #: The 2026 objectives beside the methods they change (``scripts/compare_methods.py --budget 32000 --prompts 4 --seeds
 #: 0 1 2 --jobs 2 --methods Flow-DPPO GRPO-Guard AWM``, 2026-11-28, commit 106eaf9, the 2-core dev box, two runs at a
 #: time): Flow-DPPO and GRPO-Guard against Flow-GRPO from the same CFG start, AWM against DiffusionNFT from the same
-#: CFG-free one (the kept runs of the tables above, at the same budget and batch shape). Not yet in :func:`blocks`: the
-#: page needs its three blocks (``methods-2026``, ``methods-2026-seeds``, ``methods-2026-cfg-free-seeds``) first.
+#: CFG-free one (the kept runs of the tables above, at the same budget and batch shape).
 METHODS_2026 = [("Flow-GRPO", "flow_grpo"), ("Flow-DPPO, loss dppo", "dppo"),
                 ("GRPO-Guard, loss grpo_guard", "grpo_guard"), ("DiffusionNFT, CFG-free", "diffusion_nft"),
                 ("AWM, CFG-free", "awm")]
