@@ -23,15 +23,17 @@ compare = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(compare)
 
 # (reference, config, fit options): the README's commands
-QUICKSTART = ("quickstart_seed0_20batches.csv", "quickstart", ["--trainer.max_steps=40"])
+QUICKSTART = ("quickstart_seed0_20batches.csv", "quickstart", ["--trainer.max_steps=40"],
+              "docs/data/regression/quickstart_recorded.yaml")
 TREE_RPO = ("tiny_tree_rpo_seed0_4batches.csv", "tiny_tree_rpo",
             ["--trainer.max_steps=4", "--trainer.limit_val_batches=1"])
 TDM_R1 = ("tiny_tdm_r1_seed0_5batches.csv", "tiny_tdm_r1", ["--trainer.max_steps=5", "--trainer.limit_val_batches=1"])
 
 
-def fit_metrics(config: str, options: list[str], root: Path) -> list[dict[str, str]]:
+def fit_metrics(config: str, options: list[str], root: Path, path: str | None = None) -> list[dict[str, str]]:
+    """The metrics of ``configs/<config>.yaml`` (or the config file at ``path``, logging under ``config``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "flowrl", "fit", "--config", f"configs/{config}.yaml", *options,
+    proc = subprocess.run([sys.executable, "-m", "flowrl", "fit", "--config", path or f"configs/{config}.yaml", *options,
                            f"--trainer.default_root_dir={root}"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -61,5 +63,5 @@ def test_tdm_r1_first_batch_matches_its_reference(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [QUICKSTART, TREE_RPO, TDM_R1], ids=lambda case: case[1])
 def test_recorded_run_matches_its_reference(case, tmp_path):
-    reference, config, options = case
-    assert_matches(reference, fit_metrics(config, options, tmp_path))
+    reference, config, options, *path = case
+    assert_matches(reference, fit_metrics(config, options, tmp_path, *path))
