@@ -101,13 +101,22 @@ def seed_table(columns: list[tuple[str, str, object]], seeds: tuple[int, ...], m
 
 
 def quickstart() -> str:
+    """The kept quickstart seeds (``docs/data/quickstart/``) beside the same three seeds at the settings before the
+    5-minute ones (``docs/data/quickstart_before/``: 300 batches, ``cfg_gradient: cond``, the SDE on every step) and
+    those with ``cfg_gradient: both`` (``docs/data/quickstart_cfg_both/``)."""
     seeds = lambda q: [load(q / f, s) for s, f in enumerate(("metrics.csv", "metrics_seed1.csv",  # noqa: E731
                                                                "metrics_seed2.csv"))]
-    r, both = seeds(DATA / "quickstart"), seeds(DATA / "quickstart_cfg_both")
+    r, before, both = (seeds(DATA / q) for q in ("quickstart", "quickstart_before", "quickstart_cfg_both"))
     b, a = [s.before for s in r], [s.after for s in r]
-    bb, ab = [s.before for s in both], [s.after for s in both]
     first, last = (statistics.fmean(e) for e in zip(*map(eighths, r)))
     f3 = lambda v: " / ".join(f"{x:.3f}" for x in v)  # noqa: E731
+
+    def earlier(label: str, runs: list) -> list[str]:
+        bb, ab = [s.before for s in runs], [s.after for s in runs]
+        return [f"{label} ({len(runs[0].train)} batches), seeds 0 / 1 / 2; mean", f"{f3(bb)}; {pr.mean_std(bb)}",
+                f"{f3(ab)}; {pr.mean_std(ab)}", " / ".join(share(x, y) for x, y in zip(bb, ab)) + "; "
+                + share(statistics.fmean(bb), statistics.fmean(ab))]
+
     return md(["measured on this dev box (2 CPU cores)", "base model", f"after {len(r[0].train)} batches",
                f"share of the headroom to {CEILING}"], [
         ["validation alignment, 128 validation prompts x 4 seeds (what the run prints), seed 0 (the default)",
@@ -115,12 +124,10 @@ def quickstart() -> str:
         ["the same, seed 1 / seed 2", f3(b[1:]), f3(a[1:]), " / ".join(share(x, y) for x, y in zip(b[1:], a[1:]))],
         ["the same, mean of seeds 0-2 (+- std)", pr.mean_std(b), f"**{pr.mean_std(a)}**",
          f"**{share(statistics.fmean(b), statistics.fmean(a))}**"],
-        ["training reward (6-step SDE samples of the training prompts, first / last eighth, mean of seeds 0-2)",
+        ["training reward (6-step samples of the training prompts, first / last eighth, mean of seeds 0-2)",
          f3([first]), f3([last]), share(first, last)],
-        ["validation alignment with `cfg_gradient: both` (the default before it became `cond`), seeds 0 / 1 / 2",
-         f3(bb), f3(ab), " / ".join(share(x, y) for x, y in zip(bb, ab))],
-        ["the same, mean of seeds 0-2 (+- std)", pr.mean_std(bb), pr.mean_std(ab),
-         share(statistics.fmean(bb), statistics.fmean(ab))]])
+        earlier("the settings before (SDE on every step, first 3 trained, `cfg_gradient: cond`, lr 4e-4)", before),
+        earlier("the same with `cfg_gradient: both`", both)])
 
 
 SWEEP = [  # (the change, its runs in runs.csv): every run of the sweep, the single changes first

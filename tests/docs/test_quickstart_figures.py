@@ -74,7 +74,7 @@ def test_the_quick_check_costs_what_the_pages_say():
     # the quick check: --trainer.max_steps=20 at 2 optimizer steps per batch, before and after on 16 x 1 samples
     batches = 20 // config["model"]["init_args"]["num_minibatches"]
     quick = (batches * per_batch[0], (2 + batches // interval) * 16 * 1 * steps)
-    share = f"a {round(sum(full) / sum(quick))}st of"  # 250,880 / 8,000 = 31.4
+    share = f"1/{round(sum(full) / sum(quick))} of"  # (69,120 + 20,480) / 8,000 = 11.2
     readme, started = flat(ROOT / "README.md"), flat(ROOT / "docs/getting-started.md")
     assert (f"{share} its model evaluations ({batches} batches instead of {len(per_batch)}, validation on 16 "
             f"samples instead of {val_samples})") in readme
