@@ -39,8 +39,8 @@ SWITCHES = [
     ("FlowGRPO", None, None, False),  # the config's own class
     ("DiffusionNFT", None, None, True),
     ("TPGRPO", "--model.init_args.window_size=6", "--model.init_args.window_size=6", True),
-    ("TempFlowGRPO", "--data.group_size=18", "use 18, 36", False),
-    ("G2RPO", "--data.group_size=72", "use 72, 144", False),  # 12 members x 3 of 6 steps x 2 granularities
+    ("TempFlowGRPO", "--data.group_size=18", "use 18, 36", True),
+    ("G2RPO", "--data.group_size=72", "use 72, 144", True),  # 12 members x 3 of 6 steps x 2 granularities
     ("TreeRPO", "--data.group_size=16", "use 16, 32", True),
     ("BranchGRPO", "--data.group_size=16", "use 16, 32", True),
     ("TDMR1", "--model.init_args.guidance_scale=1.0", "use 1.0", True),
@@ -71,8 +71,8 @@ def test_the_dropped_options_are_named_in_one_line_and_fail_when_typed(checked, 
     config = checked("--model.class_path=flowrl.methods.TDMR1", "--model.init_args.guidance_scale=1.0")
     notice, = [line for line in capsys.readouterr().out.splitlines() if "left out" in line]
     assert notice.startswith("flowrl: --model.class_path=flowrl.methods.TDMR1 has no option cfg_gradient, loss, "
-                             "loss_options, noise_level, num_inner_epochs, num_minibatches, step_kind, "
-                             "timestep_fraction, which the config sets")
+                             "loss_options, noise_level, num_inner_epochs, num_minibatches, sde_window, "
+                             "step_kind, timestep_fraction, window_range, which the config sets")
     assert "timestep_fraction" not in config.model.init_args
     # typed by the user, the same option is an error, named with every other problem of the command at once
     out = checked("--model.class_path=flowrl.methods.TreeRPO", "--model.init_args.timestep_fraction=0.5",

@@ -114,7 +114,7 @@ def test_the_quickstart_section_is_the_kept_summary(quickstart):
         assert snippet in text, what
     assert num(c, "worsened") == 1.0  # "on every prompt"
     # the run's own validation, as its kept metrics.csv logged it (before the first step, after the last)
-    with open(DATA / "quickstart/metrics.csv", newline="") as file:
+    with open(DATA / "quickstart_before/metrics.csv", newline="") as file:  # the settings of the evaluated checkpoint
         val = [float(r["val/reward/digit_alignment"]) for r in csv.DictReader(file) if r["val/reward/digit_alignment"]]
     assert f"validation, on other seeds, said {val[0]:.3f} -> {val[-1]:.3f}" in text
     # and nothing else: every figure of the section is one of those

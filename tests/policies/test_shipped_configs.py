@@ -51,7 +51,7 @@ def tiny_stand_in(config: str, model_dir: str, out: Path) -> Path:
     """``config`` on the CPU with a tiny model, weight-free rewards and one prompt's group per batch."""
     cfg = yaml.safe_load((ROOT / "configs" / config).read_text())
     init = cfg["model"]["init_args"]
-    cfg["trainer"].update(accelerator="cpu", devices=1, strategy="auto", logger=False, enable_progress_bar=False,
+    cfg["trainer"].update(accelerator="cpu", devices=1, num_nodes=1, strategy="auto", logger=False, enable_progress_bar=False,
                           default_root_dir=str(out), max_steps=init.get("num_inner_epochs", 1) *
                           init.get("num_minibatches", 1))
     for i, callback in enumerate(cfg["trainer"]["callbacks"]):  # reward models would download weights: weight-free

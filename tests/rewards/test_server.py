@@ -206,7 +206,7 @@ _DIGIT_32 = _body(images=_png(32), rewards=["digit_alignment"])
     (_body(images={"encoding": "png", "data": ["%% not base64 %%"]}), "images.data[0] is not valid base64"),
     (_body(images={"encoding": "png", "data": []}, prompts=[]), "images.data is empty: send at least one"),
     (_body(images={"encoding": "array", "shape": [0, 3, 16, 16], "data": ""}, prompts=[]),
-     "images.shape=[0, 3, 16, 16] must be [B, 3, H, W] with B, H, W >= 1"),
+     "images.shape=[0, 3, 16, 16] must be [B, 3, H, W] or [B, F, 3, H, W] with B, F, H, W >= 1"),
     (_body(images={"encoding": "jpeg", "data": []}), "images.encoding='jpeg'; choose one of ('png', 'array')"),
     (_body(images=_png(32), rewards=["sized"]),
      "reward 'sized' cannot score this request: ValueError: this model takes 16x16 images; got 32x32"),
