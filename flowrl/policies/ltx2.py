@@ -20,7 +20,10 @@ pipeline's guidance rescale; decoding by ``_unpack_latents``, ``_denormalize_lat
 
 Not modelled: spatio-temporal guidance and modality-isolation guidance (each an extra forward per step; the policy is
 the pipeline at ``stg_scale=0``, ``modality_scale=1``), prompt enhancement and the LTX-2.5 duration head (the
-video's length is ``num_frames``), and a VAE with timestep conditioning (refused before loading).
+video's length is ``num_frames``), and a VAE with timestep conditioning (refused before loading). Nor image-to-video
+(``LTX2ImageToVideoPipeline``): it keeps the first latent frame clean through the loop (timestep 0 on its tokens, no
+scheduler step on them), which flowrl's sampler, whose steps noise every dimension of the state, and ``decode``, which
+reads the state alone, would have to leave out of the state and hand back.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from flowrl.model_paths import resolve_model
 from flowrl.policies.base import Conditioning, LoraOptions
 from flowrl.policies.component_configs import component_config
 from flowrl.policies.flow_sigmas import linear_grid, pipeline_sigmas
-from flowrl.policies.ltx2_layout import JointLayout, joint_layout
+from flowrl.policies.ltx2_layout import JointLayout, joint_layout, vae_ratios
 from flowrl.policies.padded_prompts import MASK
 from flowrl.policies.pipeline_policy import PipelinePolicy
 from flowrl.policies.wan import video_size_problems
@@ -127,14 +130,14 @@ class LTX2Policy(PipelinePolicy):
         self.audio_guidance_scale, self.use_cross_timestep = audio_guidance_scale, use_cross_timestep
         self.guidance_rescale = guidance_rescale
         self.audio_guidance_rescale = guidance_rescale if audio_guidance_rescale is None else audio_guidance_rescale
-        self.layout: JointLayout = joint_layout(self.vae_config, audio_config, height, width, num_frames, frame_rate)
-        spatial = math.lcm(PIXEL_MULTIPLE, self.layout.spatial_ratio)
-        problems = video_size_problems(height, width, num_frames, spatial, self.layout.temporal_ratio)
+        spatial, temporal = vae_ratios(self.vae_config)
+        problems = video_size_problems(height, width, num_frames, math.lcm(PIXEL_MULTIPLE, spatial), temporal)
         problems += ltx2_problems(self.index, self.denoiser_config, self.vae_config, max_sequence_length, frame_rate)
         for key, value in (("guidance_rescale", guidance_rescale), ("audio_guidance_rescale", audio_guidance_rescale)):
             if value is not None and not 0.0 <= value <= 1.0:
                 problems.append(f"policy.{key}={value} must be in [0, 1] (0: no rescale; the pipeline's 0.7)")
         self.check_problems(problems)
+        self.layout: JointLayout = joint_layout(self.vae_config, audio_config, height, width, num_frames, frame_rate)
         self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(self.path, subfolder="scheduler")
 
     def _load_weights(self) -> None:
@@ -183,11 +186,7 @@ class LTX2Policy(PipelinePolicy):
         video, audio, mask = self._encoded(list(prompts))
         null_video, null_audio, null_mask = self._encoded([self.negative_prompt] * len(prompts))
         return Conditioning(video, None, null_video, None, extra={AUDIO: audio, MASK: mask},
-                            null_extra={AUDIO: null_audio, MASK: null_mask}, shared=self._image_conditioning(images))
-
-    def _image_conditioning(self, images: Optional[list[list[Tensor]]]) -> dict[str, Tensor]:
-        """Image-to-video encodes each row's first frame here; text-to-video has nothing."""
-        return {}
+                            null_extra={AUDIO: null_audio, MASK: null_mask})
 
     # -- the denoiser ------------------------------------------------------------------------------------------
 
@@ -198,15 +197,10 @@ class LTX2Policy(PipelinePolicy):
         mu = calculate_shift(self.layout.video_tokens, *(cfg.get(key, value) for key, value in SHIFT_DEFAULTS.items()))
         return pipeline_sigmas(self.scheduler, num_steps, linear_grid(num_steps), mu)
 
-    def _timesteps(self, sigma: Tensor, latents: Tensor, cond: Conditioning) -> tuple[Tensor, Tensor]:
-        """The video tokens' and the audio's timesteps (text-to-video: both the scheduler's ``1000 sigma``)."""
-        t = sigma.float() * self.scheduler.config.num_train_timesteps
-        return t, t
-
     def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
         layout, dtype, b = self.layout, self.denoiser_dtype, len(latents)
         video, audio = layout.tokens(latents)
-        video_t, audio_t = self._timesteps(sigma, latents, cond)
+        t = sigma.float() * self.scheduler.config.num_train_timesteps  # the scheduler's timesteps, both streams'
         f, h, w = layout.video_grid
         # the RoPE coordinates as the pipeline precomputes them (the transformer's own rope modules)
         video_coords = self.denoiser.rope.prepare_video_coords(b, f, h, w, latents.device, fps=self.frame_rate)
@@ -216,7 +210,7 @@ class LTX2Policy(PipelinePolicy):
             out_video, out_audio = self.denoiser(
                 hidden_states=video.to(dtype), audio_hidden_states=audio.to(dtype),
                 encoder_hidden_states=cond.embeds.to(dtype), audio_encoder_hidden_states=cond.extra[AUDIO].to(dtype),
-                timestep=video_t, audio_timestep=audio_t, sigma=audio_t, encoder_attention_mask=mask,
+                timestep=t, audio_timestep=t, sigma=t, encoder_attention_mask=mask,
                 audio_encoder_attention_mask=mask, num_frames=f, height=h, width=w, fps=self.frame_rate,
                 audio_num_frames=layout.audio_frames, video_coords=video_coords, audio_coords=audio_coords,
                 use_cross_timestep=self.use_cross_timestep, return_dict=False)

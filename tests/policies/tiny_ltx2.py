@@ -50,19 +50,24 @@ def gemma3(tokenizer):
     return Gemma3ForConditionalGeneration(config).eval()
 
 
+def transformer(num_layers: int = 2):
+    """The joint transformer: a video stream of 2 x 8 head dims and an audio stream of 2 x 4 over 4-channel tokens."""
+    from diffusers import LTX2VideoTransformer3DModel
+
+    return LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=num_layers,
+        qk_norm="rms_norm_across_heads", caption_channels=TEXT_DIM, rope_double_precision=False, rope_type="split")
+
+
 def ltx2_components() -> dict:
     """Every component of ``LTX2Pipeline`` (see the module doc)."""
-    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
-                           LTX2VideoTransformer3DModel)
+    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
     from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 
     tokenizer = gemma_tokenizer()
-    transformer = LTX2VideoTransformer3DModel(
-        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
-        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
-        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, qk_norm="rms_norm_across_heads",
-        caption_channels=TEXT_DIM, rope_double_precision=False, rope_type="split")
     connectors = LTX2TextConnectors(
         caption_channels=TEXT_DIM, text_proj_in_factor=TEXT_LAYERS + 1, video_connector_num_attention_heads=4,
         video_connector_attention_head_dim=8, video_connector_num_layers=1,
@@ -90,5 +95,5 @@ def ltx2_components() -> dict:
         leaky_relu_negative_slope=0.1, output_sampling_rate=16000)
     scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
                                                 base_image_seq_len=256, max_image_seq_len=1024, shift_terminal=0.1)
-    return {"transformer": transformer, "vae": vae, "audio_vae": audio_vae, "scheduler": scheduler,
+    return {"transformer": transformer(), "vae": vae, "audio_vae": audio_vae, "scheduler": scheduler,
             "text_encoder": gemma3(tokenizer), "tokenizer": tokenizer, "connectors": connectors, "vocoder": vocoder}
