@@ -18,8 +18,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: scripts/ importable
+from scripts.qwen21_activation_memory import first_block_saves  # noqa: E402
 
 PROMPT_TOKENS = 1024  # LTX2Pipeline pads every prompt to max_sequence_length
 
@@ -37,34 +42,15 @@ def clip_tokens(height: int, width: int, frames: int, fps: float = 24.0) -> tupl
 def saved_bytes(model, height: int, width: int, frames: int) -> int:
     """Bytes of distinct storages the first block saves for the backward of one clip (see the module doc)."""
     video_tokens, audio_tokens, (f, h, w) = clip_tokens(height, width, frames)
-    storages: dict[int, int] = {}
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-
-    def pack(t: torch.Tensor):
-        if t.untyped_storage().data_ptr() not in weights:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    block = model.transformer_blocks[0]
-    forward = block.forward
-
-    def counted(*args, **kwargs):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            return forward(*args, **kwargs)
-
-    block.forward = counted
     cfg, t = model.config, torch.tensor([500.0])
-    try:
-        model(hidden_states=torch.randn(1, video_tokens, cfg.in_channels, requires_grad=True),
-              audio_hidden_states=torch.randn(1, audio_tokens, cfg.audio_in_channels, requires_grad=True),
-              encoder_hidden_states=torch.randn(1, PROMPT_TOKENS, cfg.caption_channels),
-              audio_encoder_hidden_states=torch.randn(1, PROMPT_TOKENS, cfg.caption_channels),
-              timestep=t, sigma=t, encoder_attention_mask=torch.ones(1, PROMPT_TOKENS),
-              audio_encoder_attention_mask=torch.ones(1, PROMPT_TOKENS), num_frames=f, height=h, width=w,
-              fps=24.0, audio_num_frames=audio_tokens, use_cross_timestep=True, return_dict=False)
-    finally:
-        block.forward = forward
-    return sum(storages.values())
+    return first_block_saves(model, lambda: model(
+        hidden_states=torch.randn(1, video_tokens, cfg.in_channels, requires_grad=True),
+        audio_hidden_states=torch.randn(1, audio_tokens, cfg.audio_in_channels, requires_grad=True),
+        encoder_hidden_states=torch.randn(1, PROMPT_TOKENS, cfg.caption_channels),
+        audio_encoder_hidden_states=torch.randn(1, PROMPT_TOKENS, cfg.caption_channels),
+        timestep=t, sigma=t, encoder_attention_mask=torch.ones(1, PROMPT_TOKENS),
+        audio_encoder_attention_mask=torch.ones(1, PROMPT_TOKENS), num_frames=f, height=h, width=w, fps=24.0,
+        audio_num_frames=audio_tokens, use_cross_timestep=True, return_dict=False))
 
 
 def main() -> None:

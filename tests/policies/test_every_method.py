@@ -28,8 +28,6 @@ COVERING = [("flow_grpo", "zimage"), ("flow_grpo", "wan"),
             # Qwen-Image 2.1: a tree, the negative-aware fine-tuning and the distillation family (Flow-GRPO:
             # test_family_fits.py)
             ("tree_rpo", "qwen_image21"), ("diffusion_nft", "qwen_image21"), ("tdm_r1", "qwen_image21"),
-            # LTX-2: named adapters on the joint audio-video transformer (its tree: test_ltx2_fit.py)
-            ("diffusion_nft", "ltx2"),
             ("mix_grpo", "qwen_image"), ("mix_grpo", "flux2"), ("gcpo", "zimage"), ("gcpo", "kontext"),
             ("flash_grpo", "wan"), ("flash_grpo", "qwen_edit")]
 
