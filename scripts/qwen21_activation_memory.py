@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import inspect
+from typing import Callable
 
 import torch
 
 
-def saved_bytes(model, tokens: int, text: int) -> int:
-    """Bytes of distinct storages the blocks save for the backward of one sample of ``text`` text tokens and a square
-    image of ``tokens`` latent tokens."""
-    side = int(tokens ** 0.5)
+def first_block_saves(model, run: Callable[[], object]) -> int:
+    """Bytes of the distinct storages ``model.transformer_blocks[0]`` saves for the backward while ``run()`` calls the
+    model (weights left out)."""
     storages: dict[int, int] = {}
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
@@ -41,13 +41,21 @@ def saved_bytes(model, tokens: int, text: int) -> int:
 
     block.forward = counted
     try:
-        latents = torch.randn(1, tokens, model.config.in_channels, requires_grad=True)
-        img_mask = torch.cat([torch.zeros(1, text, dtype=torch.bool), torch.ones(1, tokens // 4, dtype=torch.bool)], 1)
-        model(hidden_states=latents, encoder_hidden_states=torch.randn(1, text, model.config.context_in_dim),
-              timestep=torch.tensor([0.5]), img_shapes=[[(1, side, side)]], img_mask=img_mask, return_dict=False)
+        run()
     finally:
         block.forward = forward
     return sum(storages.values())
+
+
+def saved_bytes(model, tokens: int, text: int) -> int:
+    """Bytes of distinct storages the blocks save for the backward of one sample of ``text`` text tokens and a square
+    image of ``tokens`` latent tokens."""
+    side = int(tokens ** 0.5)
+    latents = torch.randn(1, tokens, model.config.in_channels, requires_grad=True)
+    img_mask = torch.cat([torch.zeros(1, text, dtype=torch.bool), torch.ones(1, tokens // 4, dtype=torch.bool)], 1)
+    return first_block_saves(model, lambda: model(
+        hidden_states=latents, encoder_hidden_states=torch.randn(1, text, model.config.context_in_dim),
+        timestep=torch.tensor([0.5]), img_shapes=[[(1, side, side)]], img_mask=img_mask, return_dict=False))
 
 
 def main() -> None:

@@ -33,6 +33,8 @@ SHARDED_BLOCKS: dict[str, tuple[str, ...]] = {
     # Z-Image: the image and caption refiners run before the main single-stream layers
     "ZImageTransformer2DModel": ("noise_refiner", "context_refiner", "layers"),
     "UNet2DConditionModel": ("down_blocks", "mid_block", "up_blocks"),  # SD1.5
+    # LTX-2: each joint audio-video block (both streams and their cross-modal attention in one unit)
+    "LTX2VideoTransformer3DModel": ("transformer_blocks",),
     # Wan (flowrl.policies.wan_experts): every block of each expert, then each expert with what is left of it (patch
     # and condition embeddings, output norm and projection), so an expert's weights are gathered only when it runs;
     # the same for full fine-tuning's reference copies of the trained experts

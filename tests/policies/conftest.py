@@ -1,5 +1,5 @@
 """Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image and Qwen-Image 2.1, FLUX.2 [klein] and [dev],
-Z-Image, Wan, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per session."""
+Z-Image, Wan, LTX-2, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per session."""
 
 import pytest
 
@@ -90,6 +90,17 @@ def flux2_dev_dir(tmp_path_factory):
     from tests.policies.tiny_pipelines import save_pipeline
 
     return str(save_pipeline(Flux2Pipeline, flux2_dev_components, tmp_path_factory.mktemp("flux2_dev")))
+
+
+@pytest.fixture(scope="session")
+def ltx2_dir(tmp_path_factory):
+    """LTX-2: Gemma-3 prompts through the connectors, the joint audio-video transformer, the video and audio VAEs."""
+    from diffusers import LTX2Pipeline
+
+    from tests.policies.tiny_ltx2 import ltx2_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(LTX2Pipeline, ltx2_components, tmp_path_factory.mktemp("ltx2")))
 
 
 @pytest.fixture

@@ -59,6 +59,9 @@ FAMILIES = {
     "wan_i2v": Family("flowrl.policies.WanI2VPolicy", "wan_dirs",
                       {"height": 32, "width": 32, "num_frames": 9, "max_sequence_length": 512}, records=1,
                       key="wan21_i2v"),
+    # LTX-2 text-to-video: the joint audio-video state (30 fps: 4 audio latent frames, a state of 3088 = 16 x 193)
+    "ltx2": Family("flowrl.policies.LTX2Policy", "ltx2_dir",
+                   {"height": 32, "width": 32, "num_frames": 5, "frame_rate": 30.0, "max_sequence_length": 16}),
 }
 
 #: method: (class path, options that keep its rollout small)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrl.policies import (Flux2Policy, FluxKontextPolicy, FluxPolicy, QwenImage21Policy, QwenImageEditPolicy,
-                             QwenImagePolicy, SD3Policy, SD15Policy, TinyFlowPolicy, WanI2VPolicy, WanPolicy,
-                             ZImagePolicy)
+from flowrl.policies import (Flux2Policy, FluxKontextPolicy, FluxPolicy, LTX2Policy, QwenImage21Policy,
+                             QwenImageEditPolicy, QwenImagePolicy, SD3Policy, SD15Policy, TinyFlowPolicy, WanI2VPolicy,
+                             WanPolicy, ZImagePolicy)
 from flowrl.policies.base import LoraOptions
 
 LORA = LoraOptions(rank=4, alpha=8)
@@ -40,6 +40,9 @@ FAMILIES = {
     "wan_experts": (WanPolicy, "wan_dirs:wan22", {**VIDEO, "max_sequence_length": 16}, None, "cfg", 0, "velocity"),
     "wan_i2v": (WanI2VPolicy, "wan_dirs:wan21_i2v", {**VIDEO, "max_sequence_length": 512}, None, "cfg", 1,
                 "velocity"),
+    # LTX-2's joint audio-video state, one flat vector: 3 x 16 x 16 video tokens of 4, then 4 audio tokens of 4
+    "ltx2": (LTX2Policy, "ltx2_dir", {"height": 32, "width": 32, "num_frames": 5, "frame_rate": 30.0,
+                                      "max_sequence_length": 16}, (3088,), "cfg", 0, "velocity"),
 }
 
 # per family, two bad options (one of them one the family used to check only after its VAE loaded)
@@ -57,6 +60,7 @@ BAD = {
     "wan": {"width": 17, "flow_shift": -1.0, "trained_experts": ["transformer_3"]},
     "wan_experts": {"num_frames": 6, "trained_experts": [], "torch_dtype": "bf16"},
     "wan_i2v": {"width": 17, "max_sequence_length": 16, "image_cache_size": -1},
+    "ltx2": {"height": 48, "frame_rate": 0.0, "guidance_rescale": 2.0},
 }
 
 
@@ -95,7 +99,7 @@ def test_builds_from_configs_alone(family, request, no_weights):
     assert policy.sharded_blocks and policy.lora_targets
     if shape is not None:
         assert policy.latent_shape() == shape
-    assert len(policy.latent_shape()) in (3, 4)  # [C, h, w] images, [C, f, h, w] videos
+    assert len(policy.latent_shape()) in (1, 3, 4)  # [C, h, w] images, [C, f, h, w] videos, [N] LTX-2's joint state
     sigmas = policy.sigmas(4)
     assert sigmas.shape == (5,) and bool((sigmas[:-1] > sigmas[1:]).all())
 
@@ -136,7 +140,7 @@ def plain(value):
     return list(map(plain, value)) if isinstance(value, (list, tuple)) else value
 
 
-@pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts"])
+@pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts", "ltx2"])
 def test_load_is_idempotent_and_the_configs_are_the_loaded_models(family, request):
     policy = build(family, request)
     assert policy.load() is policy and policy.loaded
@@ -165,7 +169,7 @@ def test_lora_initialisation_is_that_of_loading_when_built(tiny_model_dir):
     assert all(torch.equal(a, b) for a, b in zip(direct.trainable_parameters(), later.trainable_parameters()))
 
 
-@pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts"])
+@pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts", "ltx2"])
 def test_the_skeleton_has_the_loaded_denoisers_modules(family, request, monkeypatch):
     """What a check reads before loading (the denoiser built on the meta device from its config) names the modules the
     loaded denoiser has, each LoRA file's network alike (Wan 2.2 writes one per expert)."""

@@ -8,6 +8,7 @@ from flowrl.policies.sharding import SHARDED_BLOCKS, denoiser_blocks
 from flowrl.policies.tiny_components import build_transformer
 from tests.policies.tiny_editing import flux_kontext_components, qwen_image_edit_components
 from tests.policies.tiny_families import flux2_klein_components, qwen_image_components, zimage_transformer
+from tests.policies.tiny_ltx2 import transformer as ltx2_transformer
 from tests.policies.tiny_pipelines import flux_components
 from tests.policies.tiny_qwen21 import qwen_image21_components
 from tests.policies.tiny_sd15 import sd15_components
@@ -51,8 +52,11 @@ def wan_full_finetuning_of_one_expert():
                                          "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2",
                                          "reference_experts.transformer.blocks.0",
                                          "reference_experts.transformer.blocks.1", "reference_experts.transformer"]),
+    # LTX-2 with 6 blocks: at the tests' width its time and cross-modal modulation embeddings outweigh 2 blocks, which
+    # they do not in the 48-block model
+    (lambda: ltx2_transformer(num_layers=6), [f"transformer_blocks.{i}" for i in range(6)]),
 ], ids=["sd3", "flux", "sd15", "qwen_image", "qwen_image21", "flux2", "zimage", "qwen_edit", "kontext", "wan21",
-        "wan22", "wan22-reference"])
+        "wan22", "wan22-reference", "ltx2"])
 def test_each_denoiser_shards_its_blocks(build, expected):
     denoiser = build()
     blocks = denoiser_blocks(denoiser)
@@ -68,4 +72,4 @@ def test_a_denoiser_without_a_plan_is_named():
     assert set(SHARDED_BLOCKS) == {"SD3Transformer2DModel", "FluxTransformer2DModel", "UNet2DConditionModel",
                                    "QwenImageTransformer2DModel", "QwenImage21Transformer2DModel",
                                    "Flux2Transformer2DModel", "ZImageTransformer2DModel",
-                                   "WanExperts"}
+                                   "WanExperts", "LTX2VideoTransformer3DModel"}
