@@ -32,6 +32,8 @@ SHARDED_BLOCKS: dict[str, tuple[str, ...]] = {
     "QwenImage21Transformer2DModel": ("transformer_blocks",),
     # Z-Image: the image and caption refiners run before the main single-stream layers
     "ZImageTransformer2DModel": ("noise_refiner", "context_refiner", "layers"),
+    # HunyuanVideo 1.5: the double-stream blocks; the token refiner and the embedders stay in the root unit
+    "HunyuanVideo15Transformer3DModel": ("transformer_blocks",),
     "UNet2DConditionModel": ("down_blocks", "mid_block", "up_blocks"),  # SD1.5
     # Wan (flowrl.policies.wan_experts): every block of each expert, then each expert with what is left of it (patch
     # and condition embeddings, output norm and projection), so an expert's weights are gathered only when it runs;
