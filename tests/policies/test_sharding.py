@@ -20,6 +20,15 @@ def wan_experts(two: bool):
     return WanExperts(wan_transformer(), wan_transformer() if two else None, 875.0 if two else None)
 
 
+def published_hunyuan15():
+    """``HunyuanVideo15Transformer3DModel``'s defaults (the 8.3B model: 54 blocks, 2048 wide), weightless."""
+    import torch
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    with torch.device("meta"):
+        return HunyuanVideo15Transformer3DModel()
+
+
 def wan_full_finetuning_of_one_expert():
     """Wan 2.2 training ``transformer`` whole: its reference copy is sharded too, the frozen expert has none."""
     from flowrl.policies.wan_experts import WanExperts
@@ -44,6 +53,9 @@ def wan_full_finetuning_of_one_expert():
     (lambda: qwen_image_edit_components(zero_cond_t=True)["transformer"], ["transformer_blocks.0",
                                                                           "transformer_blocks.1"]),
     (lambda: flux_kontext_components()["transformer"], ["transformer_blocks.0", "single_transformer_blocks.0"]),
+    # HunyuanVideo 1.5 at its published size on the meta device: at a tiny width its ByT5 projection (2048 wide
+    # whatever the model width) outweighs the blocks, which it does not in the 8.3B model
+    (published_hunyuan15, [f"transformer_blocks.{i}" for i in range(54)]),
     (lambda: wan_experts(False), ["transformer.blocks.0", "transformer.blocks.1", "transformer"]),
     (lambda: wan_experts(True), ["transformer.blocks.0", "transformer.blocks.1", "transformer",
                                  "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2"]),
@@ -51,8 +63,8 @@ def wan_full_finetuning_of_one_expert():
                                          "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2",
                                          "reference_experts.transformer.blocks.0",
                                          "reference_experts.transformer.blocks.1", "reference_experts.transformer"]),
-], ids=["sd3", "flux", "sd15", "qwen_image", "qwen_image21", "flux2", "zimage", "qwen_edit", "kontext", "wan21",
-        "wan22", "wan22-reference"])
+], ids=["sd3", "flux", "sd15", "qwen_image", "qwen_image21", "flux2", "zimage", "qwen_edit", "kontext", "hunyuan15",
+        "wan21", "wan22", "wan22-reference"])
 def test_each_denoiser_shards_its_blocks(build, expected):
     denoiser = build()
     blocks = denoiser_blocks(denoiser)
@@ -68,4 +80,4 @@ def test_a_denoiser_without_a_plan_is_named():
     assert set(SHARDED_BLOCKS) == {"SD3Transformer2DModel", "FluxTransformer2DModel", "UNet2DConditionModel",
                                    "QwenImageTransformer2DModel", "QwenImage21Transformer2DModel",
                                    "Flux2Transformer2DModel", "ZImageTransformer2DModel",
-                                   "WanExperts"}
+                                   "HunyuanVideo15Transformer3DModel", "WanExperts"}
