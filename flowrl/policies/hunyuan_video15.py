@@ -54,10 +54,8 @@ VISION_TOKENS = 729
 def guider_problems(guider: dict) -> list[str]:
     """What of the folder's guider config flowrl's classifier-free guidance would not reproduce.
 
-    >>> guider_problems({"guidance_scale": 6.0, "guidance_rescale": 0.7, "start": 0.0, "stop": 1.0})
-    ... # doctest: +NORMALIZE_WHITESPACE
-    ['policy.model: its guider sets guidance_rescale=0.7, which flowrl\\'s CFG (v_u + g (v_c - v_u)) does not apply;
-      use a folder whose guider/guider_config.json has guidance_rescale 0']
+    >>> [p.split(",")[0] for p in guider_problems({"guidance_scale": 6.0, "guidance_rescale": 0.7, "stop": 1.0})]
+    ['policy.model: its guider sets guidance_rescale=0.7']
     """
     problems = []
     for key, expected in (("guidance_rescale", 0.0), ("use_original_formulation", False), ("start", 0.0),

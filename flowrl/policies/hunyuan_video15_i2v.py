@@ -34,15 +34,15 @@ def bucket_problems(height: int, width: int, target_size: int, spatial: int) -> 
     """The size when it is not one of the pipeline's buckets for ``target_size`` (``generate_crop_size_list``), with
     the buckets of the nearest aspect ratios.
 
-    >>> bucket_problems(480, 848, 640, 16), bucket_problems(480, 832, 640, 16)[0][:61]
-    ([], 'policy.height x width = 480 x 832 is not a size the pipeline ')
+    >>> bucket_problems(480, 848, 640, 16), bucket_problems(512, 512, 640, 16)[0][:51]
+    ([], 'policy.width=512 at policy.height=512 is not a size')
     """
     buckets = generate_crop_size_list(base_size=target_size, patch_size=spatial)
     if (height, width) in buckets:
         return []
     near = sorted(buckets, key=lambda hw: abs(hw[0] / hw[1] - height / width))[:3]
-    return [f"policy.height x width = {height} x {width} is not a size the pipeline generates at (its buckets for "
-            f"target_size {target_size}); choose one, e.g. {', '.join(f'{h} x {w}' for h, w in near)}"]
+    return [f"policy.width={width} at policy.height={height} is not a size the pipeline generates at (its height x "
+            f"width buckets for target_size {target_size}); choose one, e.g. {', '.join(f'{h} x {w}' for h, w in near)}"]
 
 
 class HunyuanVideo15I2VPolicy(HunyuanVideo15Policy):

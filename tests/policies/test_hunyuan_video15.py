@@ -57,7 +57,7 @@ def test_what_the_policies_cannot_run_is_refused_before_loading(hunyuan15_dirs, 
         HunyuanVideo15I2VPolicy(meanflow, height=12, width=24, num_frames=6)
     assert len(err.value.problems) == 3, err.value.problems
     assert "step-distilled (MeanFlow)" in str(err.value) and "1 + a multiple of 2" in str(err.value)
-    assert "12 x 24 is not a size the pipeline generates at" in str(err.value)  # the buckets of target_size 16
+    assert "policy.width=24 at policy.height=12 is not a size the pipeline generates at" in str(err.value)  # the buckets of target_size 16
     rescaled = edited(t2v, tmp_path / "rescaled", "guider", guidance_rescale=0.7)
     with pytest.raises(PolicyOptionsError, match="guidance_rescale=0.7"):
         HunyuanVideo15Policy(rescaled, **SIZE)
