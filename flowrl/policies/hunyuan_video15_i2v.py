@@ -27,7 +27,7 @@ from torch import Tensor
 from flowrl.policies.base import Conditioning
 from flowrl.policies.hunyuan_video15 import HunyuanVideo15Policy
 from flowrl.policies.pipeline_policy import PromptCache, joined_problems, stacked
-from flowrl.policies.source_latents import image_key
+from flowrl.policies.source_latents import first_frame_encodings
 
 
 def bucket_problems(height: int, width: int, target_size: int, spatial: int) -> list[str]:
@@ -86,14 +86,8 @@ class HunyuanVideo15I2VPolicy(HunyuanVideo15Policy):
     def _image_conditioning(self, images: Optional[list[list[Tensor]]]) -> dict[str, Tensor]:
         """``condition [B, C + 1, f, h, w]`` and ``image_embeds [B, N, D]`` of each row's first frame, each distinct
         frame encoded once."""
-        counts = sorted({len(row) for row in images})
-        if counts != [1]:
-            raise ValueError(f"HunyuanVideo15I2VPolicy takes exactly 1 conditioning image (the first frame) per prompt; "
-                             f"got {counts} per prompt: give each prompt record one image in its \"images\" list")
-        keys = [image_key(row[0]) for row in images]
-        frames = dict([(key, row[0]) for key, row in zip(keys, images)][::-1])  # a key's first frame
-        found = self.image_cache.lookup(keys, lambda missing: [self._encode_image(frames[key]) for key in missing])
-        return dict(zip(("condition", "image_embeds"), stacked([found[key] for key in keys], self.denoiser.device)))
+        rows = first_frame_encodings(images, self.image_cache, self._encode_image, type(self).__name__)
+        return dict(zip(("condition", "image_embeds"), stacked(rows, self.denoiser.device)))
 
     @torch.no_grad()
     def _encode_image(self, image: Tensor) -> tuple[Tensor, Tensor]:

@@ -106,7 +106,7 @@ def test_the_flow_grpo_config_passes_the_checks_before_loading_as_shipped(hunyua
 
 
 def test_the_videoreward_tempflow_config_fits_one_batch(hunyuan15_dirs, tmp_path):
-    """``configs/hunyuan_video15_videoreward_tempflow_grpo.yaml`` with its method options shrunk (3 steps, trees of 2
+    """``configs/hunyuan_video15_videoreward_tempflow_grpo.yaml`` with its method options shrunk (2 steps, trees of 2
     branches) on the tiny pipeline and a tiny VideoReward judge (its three dimensions, as shipped): every dimension
     scores each leaf, the update recomputes the sampled log-probs (ratio 1) and the LoRA moves."""
     from flowrl.rewards.shared_judge import _JUDGES
@@ -118,7 +118,7 @@ def test_the_videoreward_tempflow_config_fits_one_batch(hunyuan15_dirs, tmp_path
     shipped = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())["trainer"]["callbacks"]
     judged = [c for c in shipped if c["class_path"] == "flowrl.rewards.VideoReward"]
     assert [c["init_args"]["dimension"] for c in judged] == ["VQ", "MQ", "TA"]
-    method = {"num_steps": 3, "eval_num_steps": 2, "branches": 2, "tree_chunk_size": None, "micro_batch_size": 4,
+    method = {"num_steps": 2, "eval_num_steps": 2, "branches": 2, "tree_chunk_size": None, "micro_batch_size": 4,
               "num_minibatches": 1, "check_ratio": True, "check_ratio_threshold": 1.0e-5}
     layer = {"trainer": {"accelerator": "cpu", "devices": 1, "strategy": "auto", "max_steps": 1,
                          "limit_val_batches": 0, "enable_progress_bar": False, "default_root_dir": str(tmp_path),
