@@ -71,7 +71,8 @@ def main() -> None:
         h, w, f = (int(v) for v in size.split("x"))
         video = (h // 16) * (w // 16) * ((f - 1) // 4 + 1)
         saved = saved_bytes(model, h, w, f)
-        print(f"{size:>12}{video:>7}{video + CONTEXT:>8}{saved / 2**20:>11.1f}{saved / (video + CONTEXT) / 2**10:>11.1f}"
+        tokens = video + CONTEXT
+        print(f"{size:>12}{video:>7}{tokens:>8}{saved / 2**20:>11.1f}{saved / tokens / 2**10:>11.1f}"
               f"{depth * saved / 2**30:>9.2f}")
 
 

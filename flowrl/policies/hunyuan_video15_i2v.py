@@ -42,7 +42,8 @@ def bucket_problems(height: int, width: int, target_size: int, spatial: int) -> 
         return []
     near = sorted(buckets, key=lambda hw: abs(hw[0] / hw[1] - height / width))[:3]
     return [f"policy.width={width} at policy.height={height} is not a size the pipeline generates at (its height x "
-            f"width buckets for target_size {target_size}); choose one, e.g. {', '.join(f'{h} x {w}' for h, w in near)}"]
+            f"width buckets for target_size {target_size}); choose one, e.g. "
+            f"{', '.join(f'{h} x {w}' for h, w in near)}"]
 
 
 class HunyuanVideo15I2VPolicy(HunyuanVideo15Policy):
@@ -91,8 +92,8 @@ class HunyuanVideo15I2VPolicy(HunyuanVideo15Policy):
 
     @torch.no_grad()
     def _encode_image(self, image: Tensor) -> tuple[Tensor, Tensor]:
-        """One first frame ``[3, H, W]`` in ``[0, 1]`` through the pipeline's own resize, ``prepare_cond_latents_and_mask``
-        and ``encode_image``."""
+        """One first frame ``[3, H, W]`` in ``[0, 1]`` through the pipeline's own resize,
+        ``prepare_cond_latents_and_mask`` and ``encode_image``."""
         from flowrl.rewards.pil_images import to_pil
 
         pipe, device = self.pipeline(), self.vae.device

@@ -1,5 +1,6 @@
 """Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image and Qwen-Image 2.1, FLUX.2 [klein] and [dev],
-Z-Image, Wan, HunyuanVideo 1.5, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per session."""
+Z-Image, Wan, HunyuanVideo 1.5, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per
+session."""
 
 import pytest
 

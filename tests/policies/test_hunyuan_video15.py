@@ -57,7 +57,8 @@ def test_what_the_policies_cannot_run_is_refused_before_loading(hunyuan15_dirs, 
         HunyuanVideo15I2VPolicy(meanflow, height=12, width=24, num_frames=6)
     assert len(err.value.problems) == 3, err.value.problems
     assert "step-distilled (MeanFlow)" in str(err.value) and "1 + a multiple of 2" in str(err.value)
-    assert "policy.width=24 at policy.height=12 is not a size the pipeline generates at" in str(err.value)  # the buckets of target_size 16
+    # 12 x 24: not among the size buckets of target_size 16
+    assert "policy.width=24 at policy.height=12 is not a size the pipeline generates at" in str(err.value)
     rescaled = edited(t2v, tmp_path / "rescaled", "guider", guidance_rescale=0.7)
     with pytest.raises(PolicyOptionsError, match="guidance_rescale=0.7"):
         HunyuanVideo15Policy(rescaled, **SIZE)
@@ -126,7 +127,8 @@ def test_the_videoreward_tempflow_config_fits_one_batch(hunyuan15_dirs, tmp_path
                                     "init_args": {"save_dir": str(tmp_path), "name": "csv"}},
                          "callbacks": [{"class_path": c["class_path"], "init_args": {
                              **c["init_args"], "model": str(judge), **TINY}} for c in judged] + [
-                             {"class_path": "tests.cli.dump_outputs.DumpOutputs", "init_args": {"out": str(tmp_path)}}]},
+                             {"class_path": "tests.cli.dump_outputs.DumpOutputs",
+                              "init_args": {"out": str(tmp_path)}}]},
              "model": {"init_args": {"policy": {"init_args": {
                  "model": hunyuan15_dirs["hunyuan15_t2v"], **SIZE, "torch_dtype": "float32", "autocast": None,
                  "vae_tiling": False, "lora": {"rank": 4, "alpha": 8}}}, **method}},
