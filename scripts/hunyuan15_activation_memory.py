@@ -16,8 +16,14 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.block_activations import block_saved_bytes  # noqa: E402
 
 CONTEXT = 1000 + 256 + 729  # Qwen2.5-VL tokens, ByT5 tokens, vision tokens (HunyuanVideo15Pipeline's)
 
@@ -27,33 +33,13 @@ def saved_bytes(model, height: int, width: int, frames: int) -> int:
     ``height x width`` pixels (latent 16x spatial, 4x temporal; 64 real prompt tokens)."""
     cfg = model.config
     shape = (1, cfg.in_channels, (frames - 1) // 4 + 1, height // 16, width // 16)
-    storages: dict[int, int] = {}
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-
-    def pack(t: torch.Tensor):
-        if t.untyped_storage().data_ptr() not in weights:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    block = model.transformer_blocks[0]
-    forward = block.forward
-
-    def counted(*args, **kwargs):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            return forward(*args, **kwargs)
-
-    block.forward = counted
     mask = torch.zeros(1, 1000)
     mask[:, :64] = 1
-    try:
-        model(hidden_states=torch.randn(shape, requires_grad=True), timestep=torch.tensor([500.0]),
-              encoder_hidden_states=torch.randn(1, 1000, cfg.text_embed_dim), encoder_attention_mask=mask,
-              encoder_hidden_states_2=torch.zeros(1, 256, cfg.text_embed_2_dim),
-              encoder_attention_mask_2=torch.zeros(1, 256),
-              image_embeds=torch.zeros(1, 729, cfg.image_embed_dim), return_dict=False)
-    finally:
-        block.forward = forward
-    return sum(storages.values())
+    return block_saved_bytes(model, model.transformer_blocks[0], lambda: model(
+        hidden_states=torch.randn(shape, requires_grad=True), timestep=torch.tensor([500.0]),
+        encoder_hidden_states=torch.randn(1, 1000, cfg.text_embed_dim), encoder_attention_mask=mask,
+        encoder_hidden_states_2=torch.zeros(1, 256, cfg.text_embed_2_dim), encoder_attention_mask_2=torch.zeros(1, 256),
+        image_embeds=torch.zeros(1, 729, cfg.image_embed_dim), return_dict=False))
 
 
 def main() -> None:
