@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: scripts/ importable
-from scripts.qwen21_activation_memory import first_block_saves  # noqa: E402
+from scripts.block_activations import block_saved_bytes  # noqa: E402
 
 PROMPT_TOKENS = 1024  # LTX2Pipeline pads every prompt to max_sequence_length
 
@@ -43,7 +43,7 @@ def saved_bytes(model, height: int, width: int, frames: int) -> int:
     """Bytes of distinct storages the first block saves for the backward of one clip (see the module doc)."""
     video_tokens, audio_tokens, (f, h, w) = clip_tokens(height, width, frames)
     cfg, t = model.config, torch.tensor([500.0])
-    return first_block_saves(model, lambda: model(
+    return block_saved_bytes(model, model.transformer_blocks[0], lambda: model(
         hidden_states=torch.randn(1, video_tokens, cfg.in_channels, requires_grad=True),
         audio_hidden_states=torch.randn(1, audio_tokens, cfg.audio_in_channels, requires_grad=True),
         encoder_hidden_states=torch.randn(1, PROMPT_TOKENS, cfg.caption_channels),

@@ -16,35 +16,14 @@ from __future__ import annotations
 
 import argparse
 import inspect
-from typing import Callable
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def first_block_saves(model, run: Callable[[], object]) -> int:
-    """Bytes of the distinct storages ``model.transformer_blocks[0]`` saves for the backward while ``run()`` calls the
-    model (weights left out)."""
-    storages: dict[int, int] = {}
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-
-    def pack(t: torch.Tensor):
-        if t.untyped_storage().data_ptr() not in weights:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    block = model.transformer_blocks[0]
-    forward = block.forward
-
-    def counted(*args, **kwargs):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            return forward(*args, **kwargs)
-
-    block.forward = counted
-    try:
-        run()
-    finally:
-        block.forward = forward
-    return sum(storages.values())
+from scripts.block_activations import block_saved_bytes  # noqa: E402
 
 
 def saved_bytes(model, tokens: int, text: int) -> int:
@@ -53,7 +32,7 @@ def saved_bytes(model, tokens: int, text: int) -> int:
     side = int(tokens ** 0.5)
     latents = torch.randn(1, tokens, model.config.in_channels, requires_grad=True)
     img_mask = torch.cat([torch.zeros(1, text, dtype=torch.bool), torch.ones(1, tokens // 4, dtype=torch.bool)], 1)
-    return first_block_saves(model, lambda: model(
+    return block_saved_bytes(model, model.transformer_blocks[0], lambda: model(
         hidden_states=latents, encoder_hidden_states=torch.randn(1, text, model.config.context_in_dim),
         timestep=torch.tensor([0.5]), img_shapes=[[(1, side, side)]], img_mask=img_mask, return_dict=False))
 

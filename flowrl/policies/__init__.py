@@ -4,6 +4,8 @@ from flowrl.policies.base import Conditioning, FlowPolicy, LoraOptions
 from flowrl.policies.flux import FluxPolicy
 from flowrl.policies.flux2 import Flux2Policy
 from flowrl.policies.flux_kontext import FluxKontextPolicy
+from flowrl.policies.hunyuan_video15 import HunyuanVideo15Policy
+from flowrl.policies.hunyuan_video15_i2v import HunyuanVideo15I2VPolicy
 from flowrl.policies.ltx2 import LTX2Policy
 from flowrl.policies.qwen_image import QwenImagePolicy
 from flowrl.policies.qwen_image_edit import QwenImageEditPolicy
@@ -15,6 +17,7 @@ from flowrl.policies.wan import WanPolicy
 from flowrl.policies.wan_i2v import WanI2VPolicy
 from flowrl.policies.z_image import ZImagePolicy
 
-__all__ = ["Conditioning", "FlowPolicy", "Flux2Policy", "FluxKontextPolicy", "FluxPolicy", "LoraOptions", "LTX2Policy",
+__all__ = ["Conditioning", "FlowPolicy", "Flux2Policy", "FluxKontextPolicy", "FluxPolicy", "HunyuanVideo15I2VPolicy",
+           "HunyuanVideo15Policy", "LoraOptions", "LTX2Policy",
            "QwenImage21Policy", "QwenImageEditPolicy", "QwenImagePolicy", "SD15Policy", "SD3Policy", "TinyFlowPolicy",
            "WanI2VPolicy", "WanPolicy", "ZImagePolicy"]

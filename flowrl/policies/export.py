@@ -54,8 +54,10 @@ def export_lora(policy: FlowPolicy, out: str | Path, adapter: Optional[str] = No
     adapter = exported_adapter(policy, adapter)
     name = getattr(policy, "denoiser_name", "transformer")
     with staged(out, keep) as stage:
+        # a pipeline without a LoRA loader of its own names the mixin that writes its layout (HunyuanVideo 1.5)
+        writer = getattr(policy, "lora_writer", policy.pipeline_class)
         for weight_name, module in lora_modules(policy).items():
-            policy.pipeline_class.save_lora_weights(
+            writer.save_lora_weights(
                 stage, weight_name=weight_name,
                 **{f"{name}_lora_layers": get_peft_model_state_dict(module, adapter_name=adapter),
                    f"{name}_lora_adapter_metadata": module.peft_config[adapter].to_dict()})

@@ -32,6 +32,8 @@ SHARDED_BLOCKS: dict[str, tuple[str, ...]] = {
     "QwenImage21Transformer2DModel": ("transformer_blocks",),
     # Z-Image: the image and caption refiners run before the main single-stream layers
     "ZImageTransformer2DModel": ("noise_refiner", "context_refiner", "layers"),
+    # HunyuanVideo 1.5: the double-stream blocks; the token refiner and the embedders stay in the root unit
+    "HunyuanVideo15Transformer3DModel": ("transformer_blocks",),
     "UNet2DConditionModel": ("down_blocks", "mid_block", "up_blocks"),  # SD1.5
     # LTX-2: each joint audio-video block (both streams and their cross-modal attention in one unit)
     "LTX2VideoTransformer3DModel": ("transformer_blocks",),

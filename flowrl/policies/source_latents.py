@@ -33,6 +33,24 @@ def image_key(image: Tensor) -> str:
     return f"{tuple(pixels.shape)}:{hashlib.sha1(pixels.numpy().tobytes()).hexdigest()}"
 
 
+def first_frame_encodings(images: list[list[Tensor]], cache: PromptCache, encode: Callable[[Tensor], tuple],
+                          name: str) -> list[tuple]:
+    """Each row's encoding of its one conditioning image (an image-to-video policy's first frame), each distinct image
+    encoded once by ``encode`` and cached in ``cache``.
+
+    Raises:
+        ValueError: a row with other than one image (``name``: the policy's class, for the message).
+    """
+    counts = sorted({len(row) for row in images})
+    if counts != [1]:
+        raise ValueError(f"{name} takes exactly 1 conditioning image (the first frame) per prompt; got {counts} per "
+                         "prompt: give each prompt record one image in its \"images\" list")
+    keys = [image_key(row[0]) for row in images]
+    frames = dict([(key, row[0]) for key, row in zip(keys, images)][::-1])  # a key's first frame
+    found = cache.lookup(keys, lambda missing: [encode(frames[key]) for key in missing])
+    return [found[key] for key in keys]
+
+
 def row_key(images: Sequence[Tensor]) -> str:
     """The key of one prompt record's images, in order."""
     return "|".join(image_key(image) for image in images)

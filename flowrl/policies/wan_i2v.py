@@ -23,7 +23,7 @@ from torch import Tensor
 
 from flowrl.policies.base import Conditioning
 from flowrl.policies.pipeline_policy import PromptCache, joined_problems, stacked
-from flowrl.policies.source_latents import image_key
+from flowrl.policies.source_latents import first_frame_encodings
 from flowrl.policies.wan import WanPolicy
 
 #: the text tokens Wan 2.1's I2V attention expects (diffusers' WanAttnProcessor splits image tokens off by it)
@@ -77,15 +77,9 @@ class WanI2VPolicy(WanPolicy):
     def _image_conditioning(self, images: Optional[list[list[Tensor]]]) -> dict[str, Tensor]:
         """``condition [B, 4 + C, f, h, w]`` and, with an image encoder, ``image_embeds [B, N, D]`` of each row's
         first frame, each distinct frame encoded once."""
-        counts = sorted({len(row) for row in images})
-        if counts != [1]:
-            raise ValueError(f"WanI2VPolicy takes exactly 1 conditioning image (the first frame) per prompt; got "
-                             f"{counts} per prompt: give each prompt record one image in its \"images\" list")
-        keys = [image_key(row[0]) for row in images]
-        frames = dict([(key, row[0]) for key, row in zip(keys, images)][::-1])  # a key's first frame
-        found = self.image_cache.lookup(keys, lambda missing: [self._encode_image(frames[key]) for key in missing])
+        rows = first_frame_encodings(images, self.image_cache, self._encode_image, type(self).__name__)
         names = ["condition"] + (["image_embeds"] if self.image_encoder is not None else [])
-        return dict(zip(names, stacked([found[key] for key in keys], self.denoiser.device)))
+        return dict(zip(names, stacked(rows, self.denoiser.device)))
 
     @torch.no_grad()
     def _encode_image(self, image: Tensor) -> tuple[Tensor, ...]:

@@ -1,5 +1,6 @@
 """Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image and Qwen-Image 2.1, FLUX.2 [klein] and [dev],
-Z-Image, Wan, LTX-2, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per session."""
+Z-Image, Wan, LTX-2, HunyuanVideo 1.5, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once
+per session."""
 
 import pytest
 
@@ -121,6 +122,14 @@ def wan_dirs(tmp_path_factory):
     from tests.policies.tiny_wan import save_all
 
     return save_all(tmp_path_factory.mktemp("wan"))
+
+
+@pytest.fixture(scope="session")
+def hunyuan15_dirs(tmp_path_factory):
+    """Tiny HunyuanVideo 1.5 pipelines: ``hunyuan15_t2v`` and ``hunyuan15_i2v`` (SigLIP first frames)."""
+    from tests.policies.fidelity import hunyuan15_folders
+
+    return hunyuan15_folders(tmp_path_factory.mktemp("hunyuan15"))
 
 
 @pytest.fixture(scope="session")

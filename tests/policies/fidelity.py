@@ -12,6 +12,7 @@ test (``test_fidelity.py``) and ``scripts/fidelity_table.py`` (the Models page's
 
 from __future__ import annotations
 
+import inspect
 import shutil
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -91,9 +92,12 @@ def measure(case: Case, path: str, steps: int = STEPS, guidance: float = GUIDANC
         step = pipe.scheduler.step
         pipe.scheduler.step = lambda out, *a, **k: outputs.append(out) or step(out, *a, **k)
         noise = start_noise(policy, seeds)
-        pipe(**case.call(policy, pipe, guidance), latents=(case.start or case.pack)(policy, noise),
-             num_inference_steps=steps, output_type="latent",
-             callback_on_step_end=lambda p, i, t, tensors: seen.update(tensors) or {})
+        call = dict(**case.call(policy, pipe, guidance), latents=(case.start or case.pack)(policy, noise),
+                    num_inference_steps=steps, output_type="latent")
+        if "callback_on_step_end" in inspect.signature(pipe.__call__).parameters:
+            pipe(**call, callback_on_step_end=lambda p, i, t, tensors: seen.update(tensors) or {})
+        else:  # HunyuanVideo 1.5 takes no step callback: its latent output is the last step's latents
+            seen["latents"] = pipe(**call).frames
         sigmas = policy.sigmas(steps)
         with torch.no_grad():
             velocity = policy.velocity(noise, sigmas[:1].expand(len(noise)), cond, guidance)
@@ -143,7 +147,18 @@ def folders(root: Path) -> dict[str, str]:
             "qwen_edit_plus_dir": save(diffusers.QwenImageEditPlusPipeline, tiny_editing.qwen_image_edit_components,
                                    root / "qwen_edit_plus")}
     made = {name: str(path) for name, path in made.items()}
-    return {**made, **published_wan(tiny_wan.save_all(root / "wan"), root)}
+    return {**made, **published_wan(tiny_wan.save_all(root / "wan"), root), **hunyuan15_folders(root)}
+
+
+def hunyuan15_folders(root: Path) -> dict[str, str]:
+    """The tiny HunyuanVideo 1.5 folders (``tests.policies.tiny_hunyuan15``): ``hunyuan15_t2v``, ``hunyuan15_i2v``."""
+    from tests.policies import tiny_hunyuan15, tiny_pipelines
+
+    save = tiny_pipelines.save_pipeline
+    return {"hunyuan15_t2v": str(save(diffusers.HunyuanVideo15Pipeline, tiny_hunyuan15.hunyuan15_t2v,
+                                      root / "hunyuan15_t2v")),
+            "hunyuan15_i2v": str(save(diffusers.HunyuanVideo15ImageToVideoPipeline, tiny_hunyuan15.hunyuan15_i2v,
+                                      root / "hunyuan15_i2v", seed=1))}
 
 
 def published_wan(wan: dict[str, str], root: Path) -> dict[str, str]:

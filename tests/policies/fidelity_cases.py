@@ -101,6 +101,28 @@ def qwen_edit(folder: str, pipeline: str) -> Case:
         qwen_edit_embeds, packed(pipeline), images=lambda: [[edit_source()]], sizes=qwen_edit_sizes, rows=1)
 
 
+HY15_SIZE = dict(height=12, width=16, num_frames=5)  # a size bucket of the tiny transformer: 3 x 3 x 4 latents
+
+
+def hunyuan15_guided(pipe, guidance: float) -> None:
+    """The pipeline's guidance is its guider's scale (no call argument): set it to the case's."""
+    pipe.guider = pipe.guider.new(guidance_scale=guidance)
+
+
+def hunyuan15_text(pipe, cond, rows: int = 2):
+    """The pipeline's four encodings (Qwen embeddings and mask, ByT5 glyph embeddings and mask) of the prompts and of
+    the negative prompt, beside the policy's ``embeds`` and ``extra`` (a quoted glyph text: test_hunyuan_video15.py)."""
+    ours = [cond.embeds, *cond.extra.values(), cond.null_embeds, *cond.null_extra.values()]
+    theirs = [*pipe.encode_prompt(list(PROMPTS[:rows]), "cpu", batch_size=rows),
+              *pipe.encode_prompt([NEGATIVE] * rows, "cpu", batch_size=rows)]
+    return list(zip(ours, theirs))
+
+
+def hunyuan15_call(policy, pipe, guidance, rows: int = 2, **kw):
+    hunyuan15_guided(pipe, guidance)
+    return dict(prompt=list(PROMPTS[:rows]), negative_prompt=[NEGATIVE] * rows, num_frames=5, **kw)
+
+
 CASES = {
     "SD3": Case("sd3_dir", lambda p: policies.SD3Policy(p, lora=LORA, resolution=32, max_sequence_length=8).load(),
                 "StableDiffusion3Pipeline", lambda policy, pipe, g: square(dict(guidance_scale=g,
@@ -180,4 +202,17 @@ CASES = {
                                                      guidance_scale_2=2.0, **WAN_SIZE).load(),
         "WanImageToVideoPipeline", lambda policy, pipe, g: wan_i2v_call(policy, pipe, g, guidance_scale_2=2.0),
         wan_text, images=lambda: [[first_frame()], [first_frame()]]),
+    "HunyuanVideo 1.5 T2V": Case(
+        "hunyuan15_t2v", lambda p: policies.HunyuanVideo15Policy(p, lora=LORA, negative_prompt=NEGATIVE,
+                                                                 **HY15_SIZE).load(),
+        "HunyuanVideo15Pipeline", lambda policy, pipe, g: hunyuan15_call(policy, pipe, g, height=12, width=16),
+        hunyuan15_text),
+    # one prompt: the image-to-video pipeline encodes one image for the batch; its 40 x 56 frame's bucket is 12 x 16
+    "HunyuanVideo 1.5 I2V": Case(
+        "hunyuan15_i2v", lambda p: policies.HunyuanVideo15I2VPolicy(p, lora=LORA, negative_prompt=NEGATIVE,
+                                                                    **HY15_SIZE).load(),
+        "HunyuanVideo15ImageToVideoPipeline", lambda policy, pipe, g: hunyuan15_call(
+            policy, pipe, g, rows=1, image=to_pil(first_frame()[None])[0]),
+        lambda pipe, cond: hunyuan15_text(pipe, cond, rows=1),
+        images=lambda: [[first_frame()]], rows=1),
 }

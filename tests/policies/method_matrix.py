@@ -62,6 +62,11 @@ FAMILIES = {
     # LTX-2 text-to-video: the joint audio-video state (30 fps: 4 audio latent frames, a state of 3088 = 16 x 193)
     "ltx2": Family("flowrl.policies.LTX2Policy", "ltx2_dir",
                    {"height": 32, "width": 32, "num_frames": 5, "frame_rate": 30.0, "max_sequence_length": 16}),
+    # HunyuanVideo 1.5 (tiny: 12 x 16 px, a bucket of its target size; 5 frames); image-to-video with a first frame
+    "hunyuan15": Family("flowrl.policies.HunyuanVideo15Policy", "hunyuan15_dirs",
+                        {"height": 12, "width": 16, "num_frames": 5}, key="hunyuan15_t2v"),
+    "hunyuan15_i2v": Family("flowrl.policies.HunyuanVideo15I2VPolicy", "hunyuan15_dirs",
+                            {"height": 12, "width": 16, "num_frames": 5}, records=1, key="hunyuan15_i2v"),
 }
 
 #: method: (class path, options that keep its rollout small)
@@ -130,7 +135,8 @@ def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
         leaves = 1
     prompts = str(write_records(out / "data", sizes=((40, 48), (32, 32)), per_record=family.records)) \
         if family.records else PROMPTS
-    edits = family.records and "Wan" not in family.policy  # a video's first frame is not an edit's source
+    # a video's first frame is not an edit's source
+    edits = family.records and not any(name in family.policy for name in ("Wan", "HunyuanVideo"))
     reward = ({"class_path": "flowrl.rewards.EditConsistency", "init_args": {"size": 8}} if edits else
               {"class_path": "flowrl.rewards.JpegIncompressibility"})
     return {"seed_everything": 3,

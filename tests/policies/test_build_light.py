@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrl.policies import (Flux2Policy, FluxKontextPolicy, FluxPolicy, LTX2Policy, QwenImage21Policy,
-                             QwenImageEditPolicy, QwenImagePolicy, SD3Policy, SD15Policy, TinyFlowPolicy, WanI2VPolicy,
-                             WanPolicy, ZImagePolicy)
+from flowrl.policies import (Flux2Policy, FluxKontextPolicy, FluxPolicy, HunyuanVideo15I2VPolicy,
+                             HunyuanVideo15Policy, LTX2Policy, QwenImage21Policy, QwenImageEditPolicy, QwenImagePolicy,
+                             SD3Policy, SD15Policy, TinyFlowPolicy, WanI2VPolicy, WanPolicy, ZImagePolicy)
 from flowrl.policies.base import LoraOptions
 
 LORA = LoraOptions(rank=4, alpha=8)
 VIDEO = {"height": 16, "width": 16, "num_frames": 5}
+HY15 = {"height": 12, "width": 16, "num_frames": 5}  # a size bucket of the tiny HunyuanVideo 1.5
 
 # (policy class, folder fixture (a key of wan_dirs after ":"), options, expected latent shape, guidance kind,
 # conditioning images, prediction)
@@ -43,6 +44,9 @@ FAMILIES = {
     # LTX-2's joint audio-video state, one flat vector: 3 x 16 x 16 video tokens of 4, then 4 audio tokens of 4
     "ltx2": (LTX2Policy, "ltx2_dir", {"height": 32, "width": 32, "num_frames": 5, "frame_rate": 30.0,
                                       "max_sequence_length": 16}, (3088,), "cfg", 0, "velocity"),
+    "hunyuan15": (HunyuanVideo15Policy, "hunyuan15_dirs:hunyuan15_t2v", HY15, (4, 3, 3, 4), "cfg", 0, "velocity"),
+    "hunyuan15_i2v": (HunyuanVideo15I2VPolicy, "hunyuan15_dirs:hunyuan15_i2v", HY15, (4, 3, 3, 4), "cfg", 1,
+                      "velocity"),
 }
 
 # per family, two bad options (one of them one the family used to check only after its VAE loaded)
@@ -61,6 +65,8 @@ BAD = {
     "wan_experts": {"num_frames": 6, "trained_experts": [], "torch_dtype": "bf16"},
     "wan_i2v": {"width": 17, "max_sequence_length": 16, "image_cache_size": -1},
     "ltx2": {"height": 48, "frame_rate": 0.0, "guidance_rescale": 2.0},
+    "hunyuan15": {"width": 17, "flow_shift": -1.0, "vae_chunk_size": 0},
+    "hunyuan15_i2v": {"width": 24, "num_frames": 6, "image_cache_size": -1},  # 12 x 24: no bucket of target size 16
 }
 
 
@@ -170,6 +176,7 @@ def test_lora_initialisation_is_that_of_loading_when_built(tiny_model_dir):
 
 
 @pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts", "ltx2"])
+@pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts", "hunyuan15"])
 def test_the_skeleton_has_the_loaded_denoisers_modules(family, request, monkeypatch):
     """What a check reads before loading (the denoiser built on the meta device from its config) names the modules the
     loaded denoiser has, each LoRA file's network alike (Wan 2.2 writes one per expert)."""

@@ -29,7 +29,9 @@ COVERING = [("flow_grpo", "zimage"), ("flow_grpo", "wan"),
             # test_family_fits.py)
             ("tree_rpo", "qwen_image21"), ("diffusion_nft", "qwen_image21"), ("tdm_r1", "qwen_image21"),
             ("mix_grpo", "qwen_image"), ("mix_grpo", "flux2"), ("gcpo", "zimage"), ("gcpo", "kontext"),
-            ("flash_grpo", "wan"), ("flash_grpo", "qwen_edit")]
+            ("flash_grpo", "wan"), ("flash_grpo", "qwen_edit"),
+            # HunyuanVideo 1.5 image-to-video (text-to-video: TempFlow-GRPO with VideoReward in test_hunyuan_video15.py)
+            ("flow_grpo", "hunyuan15_i2v")]
 
 
 def model_dir(request, family: str) -> str:

@@ -19,8 +19,9 @@ def wan_published(wan_dirs, tmp_path_factory):
 @pytest.mark.parametrize("family", list(CASES))
 def test_every_family_equals_its_pipeline(family, request):
     case = CASES[family]
-    folders = request.getfixturevalue("wan_published") if case.folder.startswith("wan") else {
-        case.folder: request.getfixturevalue(case.folder)}
+    shared = "wan_published" if case.folder.startswith("wan") else "hunyuan15_dirs" \
+        if case.folder.startswith("hunyuan15") else None
+    folders = request.getfixturevalue(shared) if shared else {case.folder: request.getfixturevalue(case.folder)}
     measured = measure(case, folders[case.folder])
     assert set(measured) == set(MEASURES)
     assert max(measured.values()) <= 1e-5, measured

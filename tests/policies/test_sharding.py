@@ -21,6 +21,15 @@ def wan_experts(two: bool):
     return WanExperts(wan_transformer(), wan_transformer() if two else None, 875.0 if two else None)
 
 
+def published_hunyuan15():
+    """``HunyuanVideo15Transformer3DModel``'s defaults (the 8.3B model: 54 blocks, 2048 wide), weightless."""
+    import torch
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    with torch.device("meta"):
+        return HunyuanVideo15Transformer3DModel()
+
+
 def wan_full_finetuning_of_one_expert():
     """Wan 2.2 training ``transformer`` whole: its reference copy is sharded too, the frozen expert has none."""
     from flowrl.policies.wan_experts import WanExperts
@@ -45,6 +54,9 @@ def wan_full_finetuning_of_one_expert():
     (lambda: qwen_image_edit_components(zero_cond_t=True)["transformer"], ["transformer_blocks.0",
                                                                           "transformer_blocks.1"]),
     (lambda: flux_kontext_components()["transformer"], ["transformer_blocks.0", "single_transformer_blocks.0"]),
+    # HunyuanVideo 1.5 at its published size on the meta device: at a tiny width its ByT5 projection (2048 wide
+    # whatever the model width) outweighs the blocks, which it does not in the 8.3B model
+    (published_hunyuan15, [f"transformer_blocks.{i}" for i in range(54)]),
     (lambda: wan_experts(False), ["transformer.blocks.0", "transformer.blocks.1", "transformer"]),
     (lambda: wan_experts(True), ["transformer.blocks.0", "transformer.blocks.1", "transformer",
                                  "transformer_2.blocks.0", "transformer_2.blocks.1", "transformer_2"]),
@@ -55,8 +67,8 @@ def wan_full_finetuning_of_one_expert():
     # LTX-2 with 6 blocks: at the tests' width its time and cross-modal modulation embeddings outweigh 2 blocks, which
     # they do not in the 48-block model
     (lambda: ltx2_transformer(num_layers=6), [f"transformer_blocks.{i}" for i in range(6)]),
-], ids=["sd3", "flux", "sd15", "qwen_image", "qwen_image21", "flux2", "zimage", "qwen_edit", "kontext", "wan21",
-        "wan22", "wan22-reference", "ltx2"])
+], ids=["sd3", "flux", "sd15", "qwen_image", "qwen_image21", "flux2", "zimage", "qwen_edit", "kontext", "hunyuan15",
+        "wan21", "wan22", "wan22-reference", "ltx2"])
 def test_each_denoiser_shards_its_blocks(build, expected):
     denoiser = build()
     blocks = denoiser_blocks(denoiser)
@@ -72,4 +84,4 @@ def test_a_denoiser_without_a_plan_is_named():
     assert set(SHARDED_BLOCKS) == {"SD3Transformer2DModel", "FluxTransformer2DModel", "UNet2DConditionModel",
                                    "QwenImageTransformer2DModel", "QwenImage21Transformer2DModel",
                                    "Flux2Transformer2DModel", "ZImageTransformer2DModel",
-                                   "WanExperts", "LTX2VideoTransformer3DModel"}
+                                   "HunyuanVideo15Transformer3DModel", "WanExperts", "LTX2VideoTransformer3DModel"}

@@ -17,9 +17,9 @@ from tests.policies.tiny_editing import CONDITION_AREA, SOURCE_AREA
 
 ROOT = Path(__file__).resolve().parents[2]
 # the video configs (wan*, ltx2*) go through the same two checks on tiny Wan and LTX-2 pipelines in
-# tests/policies/test_wan_fit.py and test_ltx2_fit.py
+# tests/policies/test_wan_fit.py and test_ltx2_fit.py, and on the tiny HunyuanVideo 1.5 in test_hunyuan_video15.py
 GPU_CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")
-                     if not p.name.startswith(("tiny_", "quick", "wan", "ltx2")))
+                     if not p.name.startswith(("tiny_", "quick", "wan", "ltx2", "hunyuan")))
 STAND_INS = {"SD3Policy": "sd3_dir", "FluxPolicy": "flux_dir", "SD15Policy": "sd15_dir", "QwenImagePolicy": "qwen_image_dir",
              "Flux2Policy": "flux2_dir", "ZImagePolicy": "zimage_dir", "QwenImageEditPolicy": "qwen_edit_plus_dir",
              "FluxKontextPolicy": "flux_kontext_dir", "QwenImage21Policy": "qwen_image21_dir"}
