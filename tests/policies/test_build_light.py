@@ -175,8 +175,8 @@ def test_lora_initialisation_is_that_of_loading_when_built(tiny_model_dir):
     assert all(torch.equal(a, b) for a, b in zip(direct.trainable_parameters(), later.trainable_parameters()))
 
 
-@pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts", "ltx2"])
-@pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts", "hunyuan15"])
+@pytest.mark.parametrize("family", ["tiny", "sd3", "sd15", "flux2", "qwen_image", "wan_experts", "ltx2",
+                                    "hunyuan15"])
 def test_the_skeleton_has_the_loaded_denoisers_modules(family, request, monkeypatch):
     """What a check reads before loading (the denoiser built on the meta device from its config) names the modules the
     loaded denoiser has, each LoRA file's network alike (Wan 2.2 writes one per expert)."""
