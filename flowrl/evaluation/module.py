@@ -2,11 +2,11 @@
 and ``predict_step`` draws every model's image of each (prompt, seed), scores them with every metric and measures
 drift and diversity, so everything paired or per prompt is computed where the images are, on any number of devices.
 
-The images are :meth:`~flowrl.methods.generation.Generation.generate`'s, as every method draws them (the deterministic sampler
-with the pipeline's solver from each seed's noise, :func:`flowrl.sampling.sampler.seeded_noise`): the noise of a
-(prompt, seed) depends on the seed alone, so every model starts from the same noise. Batches are a pure function of (prompt count, seeds, batch size,
-rank, world size) and hold the same rows whatever the number of processes, which is what makes 2 processes write
-what 1 writes.
+The images are :meth:`~flowrl.methods.generation.Generation.generate`'s, as every method draws them (the
+deterministic sampler with the pipeline's solver from each seed's noise, :func:`flowrl.sampling.sampler.seeded_noise`):
+the noise of a (prompt, seed) depends on the seed alone, so every model starts from the same noise. Batches are a pure
+function of (prompt count, seeds, batch size, rank, world size) and hold the same rows whatever the number of
+processes, which is what makes 2 processes write what 1 writes.
 """
 
 from __future__ import annotations

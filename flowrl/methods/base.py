@@ -24,7 +24,6 @@ from typing import Any, Optional
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
-from torch import Tensor
 
 from flowrl import advantages as adv_lib
 from flowrl.checkpoints.atomic import use_atomic_saves

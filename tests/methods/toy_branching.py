@@ -29,7 +29,8 @@ class TwoBranches(PolicyGradient):
         cond_rows = batch.get("cond_rows", torch.arange(n))
         noise = seeded_noise(seeds, shape, b + 1, self.device)
         shared_sde = torch.arange(b) == b - 1  # ODE prefix, then one stochastic step both leaves share
-        trunk, trunk_lp = sample_from(self.generation.velocity_fn(cond, cond_rows), noise[:, 0], sigmas, 0, noise[:, 1:],
+        velocity = self.generation.velocity_fn(cond, cond_rows)
+        trunk, trunk_lp = sample_from(velocity, noise[:, 0], sigmas, 0, noise[:, 1:],
                                       self.step_kind, shared_sde, self.noise_levels())
         rows = torch.arange(n).repeat_interleave(2)  # [2n] two leaves per tree
         paths = [[child] for _ in range(n) for child in (0, 1)]

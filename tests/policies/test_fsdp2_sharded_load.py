@@ -59,7 +59,8 @@ def load_on_rank(rank: int, folder: str, port: int, full: bool, out: str) -> Non
                 for n, t in whole.denoiser.state_dict().items()}
     got = {n: t.to_local().detach() if hasattr(t, "to_local") else t for n, t in got.items()}
     rows = {n: len(t) for n, t in whole.denoiser.state_dict().items() if t.dim()}
-    torch.save({"calls": calls, "reads": reads, "rows": rows, "expected": expected, "got": got, "buffers": dict(sharded.denoiser.named_buffers()),
+    torch.save({"calls": calls, "reads": reads, "rows": rows, "expected": expected, "got": got,
+                "buffers": dict(sharded.denoiser.named_buffers()),
                 "whole_buffers": dict(whole.denoiser.named_buffers()), "rng": torch.equal(torch.get_rng_state(),
                                                                                          whole_rng),
                 "trainable": sorted(n for n, p in sharded.denoiser.named_parameters() if p.requires_grad),
