@@ -1,7 +1,8 @@
 """How a batch is sampled, the sampling hooks of :class:`~flowrl.methods.base.BaseModule`: trajectories from
 seeded noise through the one step loop, which steps are stochastic (``sde_mask``) and which carry credit
 (``trained_steps``), computed from the options alone so that the checks before loading see the same steps as the
-run (``trained_step_mask``), and the states whose ODE completions are scored (``completion_starts``)."""
+run (``trained_step_mask``), the states whose ODE completions are scored (``completion_starts``), and the batch's
+rollout sampled and scored ``sample_chunk_size`` rows at a time (``rollout_and_score``)."""
 
 from __future__ import annotations
 
