@@ -9,8 +9,8 @@ weights to a temporary folder (the defaults: 111 M parameters, 424 MB in float32
 - ``1 process``: ``policy.load()``, the whole model;
 - ``FSDP2 x2, every rank reads``: what FSDP2 did before loading moved under the strategy: each of 2 gloo processes
   loads the whole model, then ``fully_shard`` splits it (:func:`flowrl.policies.sharding.shard_policy`);
-- ``FSDP2 x2, rank 0 reads``: what ``fsdp2`` does now (:func:`flowrl.strategies.sharded_load.load_into_shards`):
-  rank 0 loads, rank 1 builds the denoiser on the meta device, both shard, rank 0's tensors fill the shards.
+- ``FSDP2 x2, own slices``: what ``fsdp2`` does now (:func:`flowrl.strategies.sharded_load.load_into_shards`):
+  each rank builds the denoiser on the meta device, shards it, and reads its own rows of the safetensors file.
 
 Each process reads every weight it holds once (as the first step will: the safetensors file is memory-mapped, its
 pages resident only once read), then reports its peak resident memory (``VmHWM``, reset through
@@ -61,7 +61,7 @@ def save_model(out: Path, layers: int, heads: int, head_dim: int) -> int:
 
 
 def measure(rank: int, world: int, mode: str, folder: str, port: int, results) -> None:
-    """One process's load (``mode``: ``whole``, ``every rank reads`` or ``rank 0 reads``); puts
+    """One process's load (``mode``: ``whole``, ``every rank reads`` or ``own slices``); puts
     ``(mode, rank, peak MB, denoiser MB held, file-backed MB)`` on ``results``."""
     from torch.distributed.tensor import DTensor
 
@@ -77,7 +77,7 @@ def measure(rank: int, world: int, mode: str, folder: str, port: int, results) -
     torch.manual_seed(0)
     policy = TinyFlowPolicy(folder, lora=LoraOptions(rank=8))
     start = baseline()
-    if mode == "rank 0 reads":
+    if mode == "own slices":
         from torch.distributed.device_mesh import init_device_mesh
 
         load_into_shards(policy, policy.load, init_device_mesh("cpu", (world,)))
@@ -122,7 +122,7 @@ def main() -> None:
         count = save_model(Path(tmp), args.layers, args.heads, args.head_dim)
         print(f"denoiser: SD3Transformer2DModel, {args.layers} layers, width {args.heads * args.head_dim}, "
               f"{count / 1e6:.1f} M parameters, {count * 4 / MB:.0f} MB in float32 (LoRA rank 8)")
-        rows = [*run("whole", 1, tmp), *run("every rank reads", 2, tmp), *run("rank 0 reads", 2, tmp)]
+        rows = [*run("whole", 1, tmp), *run("every rank reads", 2, tmp), *run("own slices", 2, tmp)]
     one = rows[0][2]
     print(f"{'load':<28}{'rank':>5}{'peak MB':>10}{'held MB':>10}{'file MB':>10}{'peak / 1 process':>18}")
     for mode, rank, peak, held, file in rows:

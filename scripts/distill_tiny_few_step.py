@@ -32,7 +32,8 @@ from flowrl.sampling.sampler import sample
 def held_out_reward(policy, reward, prompts, steps: int, guidance: float, seeds: int) -> float:
     """Mean reward of ODE samples of every prompt with seeds ``1000 s + i`` for ``s < seeds``."""
     method = BaseModule(policy, num_steps=steps, guidance_scale=guidance)
-    scores = [reward.score(method.generate(prompts, torch.arange(len(prompts)) + 1000 * s, steps), prompts, None)
+    generate = method.generation.generate
+    scores = [reward.score(generate(prompts, torch.arange(len(prompts)) + 1000 * s, steps), prompts, None)
               for s in range(seeds)]
     return float(torch.cat(scores).mean())
 

@@ -74,7 +74,8 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
     runner = trainer(opts, [*metrics.rewards, bar, stop])
     try:
         runner.predict(evaluator, return_predictions=False)
-        if evaluator.sigterm_anywhere():  # during a rank's last batch: decided on every rank, before the gathering
+        # during a rank's last batch: decided on every rank, before the gathering
+        if evaluator.ranks.sigterm_anywhere():
             raise SIGTERMException
     except SIGTERMException as stopped:  # Lightning's would exit 0: a scheduler would read success
         if out is not None:

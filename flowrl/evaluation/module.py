@@ -2,11 +2,11 @@
 and ``predict_step`` draws every model's image of each (prompt, seed), scores them with every metric and measures
 drift and diversity, so everything paired or per prompt is computed where the images are, on any number of devices.
 
-The images are every method's :meth:`~flowrl.methods.generation.Generation.generate` (the deterministic sampler
-with the pipeline's solver from each seed's noise, :func:`flowrl.sampling.sampler.seeded_noise`): the noise of a
-(prompt, seed) depends on the seed alone, so every model starts from the same noise. Batches are a pure function of (prompt count, seeds, batch size,
-rank, world size) and hold the same rows whatever the number of processes, which is what makes 2 processes write
-what 1 writes.
+The images are :meth:`~flowrl.methods.generation.Generation.generate`'s, as every method draws them (the
+deterministic sampler with the pipeline's solver from each seed's noise, :func:`flowrl.sampling.sampler.seeded_noise`):
+the noise of a (prompt, seed) depends on the seed alone, so every model starts from the same noise. Batches are a pure
+function of (prompt count, seeds, batch size, rank, world size) and hold the same rows whatever the number of
+processes, which is what makes 2 processes write what 1 writes.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
+from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from flowrl.callbacks.image_writer import image_name
@@ -28,7 +29,9 @@ from flowrl.data import EvalLoader
 from flowrl.evaluation.models import Model
 from flowrl.evaluation.signals import DISTANCES, mean_pairwise
 from flowrl.evaluation.suites import Suite
+from flowrl.methods.distributed import Ranks
 from flowrl.methods.generation import Generation
+from flowrl.methods.validation import RewardSetOwner
 
 
 def evaluation_batches(num_prompts: int, seeds: list[int], prompts_per_batch: int, rank: int = 0,
@@ -63,7 +66,7 @@ class EvaluationProgressBar(TQDMProgressBar):
         return self.description
 
 
-class Evaluator(Generation):
+class Evaluator(RewardSetOwner, LightningModule):
     """Draws, scores and measures every model on the rows of each batch.
 
     Args:
@@ -80,7 +83,8 @@ class Evaluator(Generation):
                  prompts_per_batch: int, feature_metric: Optional[str] = None, image_dir: Optional[str] = None,
                  grid: frozenset = frozenset()):
         super().__init__()
-        self.policy, self.eval_num_steps, self.guidance_scale = models[0].policy, num_steps, guidance_scale
+        self.policy = models[0].policy  # registered: it moves to the device
+        self.generation = Generation(self.policy, guidance_scale, num_steps, placement=self)  # draws every model
         self.models, self.suite, self.seeds = models, suite, list(seeds)
         self.prompts_per_batch, self.feature_metric = prompts_per_batch, feature_metric
         self.image_dir, self.grid = image_dir, grid
@@ -89,6 +93,13 @@ class Evaluator(Generation):
         self.scores: list[tuple] = []  # (model, prompt index, seed, metric, value)
         self.diversity: list[tuple] = []  # (model, prompt index, space, value)
         self.grid_images: dict[tuple, np.ndarray] = {}  # (model, prompt index, seed) -> [H, W, 3] uint8
+
+    scores_own_rewards = True  # reward callbacks must not score its outputs a second time
+
+    @property
+    def ranks(self) -> Ranks:
+        """Collectives over the ranks of the running trainer."""
+        return Ranks(self.trainer, self.all_gather, self.device)
 
     def predict_dataloader(self) -> EvalLoader:
         return EvalLoader(evaluation_batches(len(self.suite), self.seeds, self.prompts_per_batch,
@@ -105,19 +116,19 @@ class Evaluator(Generation):
     def on_predict_batch_end(self, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         # a SIGTERM stops every rank after the same batch (Lightning's predict loop never reads its flag); a rank
         # holding batches the others lack goes on to the end, where run() decides once more, on every rank
-        if batch_idx < self.shared_batches - 1 and self.sigterm_anywhere():
+        if batch_idx < self.shared_batches - 1 and self.ranks.sigterm_anywhere():
             raise SIGTERMException
 
     @contextmanager
     def drawing(self, model: Model) -> Iterator[None]:
-        """Within this context :meth:`generate` draws from ``model``."""
-        backbone = self.policy
-        self.policy = model.policy
+        """Within this context ``generation`` draws from ``model``."""
+        backbone = self.generation.policy
+        self.generation.policy = model.policy
         try:
             with model.active():
                 yield
         finally:
-            self.policy = backbone
+            self.generation.policy = backbone
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         ids, seeds = batch["prompt_ids"].tolist(), batch["seeds"]
@@ -133,7 +144,7 @@ class Evaluator(Generation):
         images, features = {}, {}
         for model in self.models:
             with self.drawing(model):
-                images[model.name] = self.generate(prompts, seeds.to(self.device)).float()
+                images[model.name] = self.generation.generate(prompts, seeds.to(self.device)).float()
             for reward in self.reward_set.callbacks:
                 scores = self.score(reward, images[model.name], prompts, metadata)  # [B]
                 self.keep(model.name, ids, seeds, reward.name, scores)

@@ -2,19 +2,24 @@
 
 The layers, from the bottom, each the parent of the next (only ``BaseModule``'s subclasses are methods):
 
-    LightningModule -> Generation -> Distributed -> StepMetrics -> Trajectories -> BaseModule
+    LightningModule -> Validation -> Trajectories -> BaseModule
     BaseModule -> PolicyGradient -> FlowGRPO (DDPO: FlowGRPO with the ddim step) -> DenseGRPO
                                  -> TPGRPO
                                  -> TreeMethod -> TempFlowGRPO (-> G2RPO), TreeRPO, BranchGRPO
                -> TDMR1 (its own update on named adapters)
                -> ForwardProcess -> DiffusionNFT, AWM (the forward-process update on named adapters)
 
-- :class:`~flowrl.methods.generation.Generation`: conditioning, the guided velocity (every model call, counted),
-  deterministic samples from seeds, validation, evaluation and prediction reduced over ranks.
-- :class:`~flowrl.methods.distributed.Distributed`: gathers of per-rank rows, and the strategy's side of an update as
-  the plain callables the components take (:class:`~flowrl.training.steps.TrainingSteps`: backward, gradient sync,
-  the checked optimizer step, collectives).
+What the module owns rather than inherits (the evaluator owns the first two as well):
+
+- ``self.generation``, a :class:`~flowrl.methods.generation.Generation`: conditioning, the guided velocity (every
+  model call, counted in ``forward_passes``), deterministic samples from seeds.
+- ``self.ranks``, a :class:`~flowrl.methods.distributed.Ranks`: gathers of per-rank rows and the other collectives;
+  ``self.training_steps()`` hands the update components the strategy's side of an update as plain callables
+  (:class:`~flowrl.training.steps.TrainingSteps`: backward, gradient sync, the checked optimizer step, collectives).
 - :class:`~flowrl.methods.step_metrics.StepMetrics`: the metrics every method logs, under the same names.
+
+- :class:`~flowrl.methods.validation.Validation`: validation, evaluation and prediction reduced over ranks (the
+  Lightning hooks).
 - :class:`~flowrl.methods.trajectories.Trajectories`: the sampling hooks (trajectories from seeded noise through the
   one step loop, ``sde_mask``, ``trained_steps``, ``completion_starts``).
 - :class:`~flowrl.methods.base.BaseModule`: the one training loop, for every method: rollout (sampled and scored in

@@ -98,17 +98,17 @@ class AWM(ForwardProcess):
         x_t, noise = self.noised(x0, t, seeds, level_ids)
         log_prob = lambda v: flow_matching_log_likelihood(v, noise - x0, t, self.weighting,  # noqa: E731
                                                           self.ghuber_power)
-        v = self.velocity(x_t, t, cond, 1.0)
+        v = self.generation.velocity(x_t, t, cond, 1.0)
         if self.num_minibatches == 1 and self.old_decay.rate * self.old_decay.limit == 0:  # old is the policy
             old = log_prob(v).detach()
         else:
             with torch.no_grad(), self.policy.adapter("old"):
-                old = log_prob(self.velocity(x_t, t, cond, 1.0))
+                old = log_prob(self.generation.velocity(x_t, t, cond, 1.0))
         loss, _ = awm_loss(log_prob(v), old, r, self.clip_range)
         if self.beta > 0:
             loss = loss + self.reference_term(v, x_t, t, cond)
         if self.ema_beta > 0:
             with torch.no_grad(), self.policy.adapter("velocity_ema"):
-                v_ema = self.velocity(x_t, t, cond, 1.0)
+                v_ema = self.generation.velocity(x_t, t, cond, 1.0)
             loss = loss + self.ema_beta * (v - v_ema).square().flatten(1).mean(1)
         return loss.float()

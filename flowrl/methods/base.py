@@ -24,7 +24,6 @@ from typing import Any, Optional
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
-from torch import Tensor
 
 from flowrl import advantages as adv_lib
 from flowrl.checkpoints.atomic import use_atomic_saves
@@ -32,19 +31,23 @@ from flowrl.checkpoints.fit import load_mismatch, method_path
 from flowrl.methods import default_hooks
 from flowrl.methods.batch import GATHERED, Batch, hook_value
 from flowrl.methods.checked_on_build import CheckedOnBuild
+from flowrl.methods.distributed import CheckedStep, Ranks
+from flowrl.methods.distributed import training_steps as strategy_steps
+from flowrl.methods.generation import Generation
 from flowrl.methods.option_surface import (MethodOptionsError, at_least, guidance_gate_problems,
                                            guidance_scale_problems, optimizer_problems, policy_guidance_scales)
+from flowrl.methods.step_metrics import StepMetrics
 from flowrl.methods.trained_pairs import UntrainedBatches, trained_pairs, untrained_problems
 from flowrl.methods.trajectories import Trajectories
 from flowrl.output_dirs import output_dir_problems
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rewards.aggregate import AGGREGATIONS
-from flowrl.rewards.reward_set import row_metadata
 from flowrl.sampling.completions import Completions
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import ODE_STEPS
 from flowrl.strategies.fsdp2 import load_for_strategy
 from flowrl.training.nonfinite import NonfiniteSteps
+from flowrl.training.steps import TrainingSteps
 
 
 class BaseModule(Trajectories, metaclass=CheckedOnBuild):
@@ -100,6 +103,8 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
         self.completions: Optional[Completions] = None  # dense step-reward methods set one
         self.unlogged_evaluations = 0.0  # evaluations spent outside rollouts (calibration), counted at the next log
         self.weights_loaded = False  # configure_model loads them (load_weights)
+        # what the module owns rather than inherits: conditioning, the counted velocity, deterministic samples
+        self.generation = Generation(policy, guidance_scale, eval_num_steps or num_steps, placement=self)
 
     def problems(self) -> list[str]:
         """Every problem of this class's options, each naming its key and fix; a subclass adds its own to
@@ -163,6 +168,28 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
         """What the method needs from the loaded policy (the frozen reference, extra named adapters); runs once,
         right after the policy's weights load."""
 
+    # -- what the module owns: collectives, the strategy's side of an update, the step metrics -----------------
+
+    @property
+    def ranks(self) -> Ranks:
+        """Collectives over the ranks of the running trainer."""
+        return Ranks(self.trainer, self.all_gather, self.device)
+
+    def training_steps(self) -> TrainingSteps:
+        """Backward passes, gradient syncs, checked optimizer steps and collectives through this trainer's strategy,
+        as the callables the update components take."""
+        checked = CheckedStep(self.trainer, self.nonfinite, self.clip_gradients, self.max_grad_norm,
+                              self.policy.trainable_parameters)
+        return strategy_steps(self.trainer, self.manual_backward, checked.step, self.policy.trainable_parameters)
+
+    def log_step(self, rollout: Rollout, batch: Batch, metrics: dict[str, float], sampling_s: float,
+                 guided: bool) -> None:
+        """The metrics every method logs (:class:`~flowrl.methods.step_metrics.StepMetrics`), the evaluations spent
+        outside rollouts since the last batch among them."""
+        StepMetrics(self.log, self.reward_set, self.ranks.global_metrics).log_step(
+            rollout, batch, metrics, sampling_s, guided and self.guidance_scale != 1.0, self.unlogged_evaluations)
+        self.unlogged_evaluations = 0.0
+
     def on_fit_start(self) -> None:
         if not len(self.reward_set):
             raise RuntimeError("no reward callback on the trainer: add one under trainer.callbacks, e.g. "
@@ -199,18 +226,18 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
         started = time.perf_counter()
         self.policy.eval()  # no dropout: sampling and training must see the same network
         with torch.no_grad():
-            cond = self.encode(batch)
+            cond = self.generation.encode(batch)
             rollout = self.rollout_and_score(batch, cond)
         sampling_s = time.perf_counter() - started
         credited = self.credit(self.gathered(rollout))
         rollout.step_rewards, rollout.train_mask = credited.mine(credited.step_rewards), credited.mine(credited.trained)
         pairs, why = trained_pairs(credited.trained, credited.valid, credited.loss_weights, credited.advantages)
         skip = self.untrained.skip(pairs, self.global_step, why)  # the gathered batch: one decision on every rank
-        passes, skipped = self.forward_passes, self.nonfinite.skipped
+        passes, skipped = self.generation.forward_passes, self.nonfinite.skipped
         metrics = {} if skip else self.update(rollout, cond, credited)
         # counted here for every method alike: the update's model evaluations per sample of this rank (a CFG pair 2;
         # every model call goes through Generation.velocity) and its optimizer steps skipped as non-finite
-        metrics["forward_passes"] = (self.forward_passes - passes) / rollout.batch_size
+        metrics["forward_passes"] = (self.generation.forward_passes - passes) / rollout.batch_size
         metrics["nonfinite_steps"] = float(self.nonfinite.skipped - skipped)
         metrics["untrained_batches"] = float(self.untrained.in_a_row)
         self.log_step(rollout, credited, {**credited.diagnostics, **metrics}, sampling_s, cond.guided)
@@ -219,36 +246,14 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
                 "seeds": rollout.seeds, "group_ids": rollout.group_ids, "advantages": credited.advantages[mine],
                 "scores": rollout.rewards, "node_ids": rollout.node_ids}
 
-    def rollout_and_score(self, batch: dict, cond: Conditioning) -> Rollout:
-        """The rollout with its images and every reward's scores, sampled ``sample_chunk_size`` rows at a time; each
-        chunk is submitted for scoring before the next one samples."""
-        size = len(batch["prompts"])
-        step = self.sample_chunk_size or size
-        parts, pending = [], []
-        for start in range(0, size, step):
-            rows = slice(start, min(start + step, size))
-            # images stay per conditioning row, as cond: a row (a leaf, a completion) finds its own by cond_rows
-            chunk = {k: v[rows] if isinstance(v, (list, Tensor)) and k != "images" else v for k, v in batch.items()}
-            chunk["cond_rows"] = torch.arange(rows.start, rows.stop, device=self.device)
-            part = self.rollout(chunk, cond)
-            part.images = self.policy.decode(part.final())
-            metadata = row_metadata(part.group_ids, part.seeds, part.cond_rows, batch.get("images"))
-            pending.append(self.reward_set.submit(part.images, part.prompts, metadata))
-            parts.append(part)
-        rollout = Rollout.cat(parts) if len(parts) > 1 else parts[0]
-        rollout.rewards = self.reward_set.collect(pending)
-        # scored, the images are only read by sample grids and dumps after the update: off the accelerator during it
-        # (a batch of 4 Wan videos of 81 frames at 480p is 1.5 GB of float32 frames)
-        rollout.images = rollout.images.cpu()
-        return rollout
-
     def gathered(self, rollout: Rollout) -> Batch:
         """The rollout's per-row fields (no latents, images or prompts) from every rank, in rank order."""
-        sizes = self.rank_sizes(rollout.batch_size)
-        fields = {name: self.gather(getattr(rollout, name), sizes) if getattr(rollout, name) is not None else None
+        ranks = self.ranks
+        sizes = ranks.rank_sizes(rollout.batch_size)
+        fields = {name: ranks.gather(getattr(rollout, name), sizes) if getattr(rollout, name) is not None else None
                   for name in GATHERED}  # cond_rows index each rank's own prompts: not gathered
-        rewards = {name: self.gather(scores, sizes) for name, scores in rollout.rewards.items()}
-        return Batch(prompts=[], latents=None, rewards=rewards, rows=self.rank_rows(sizes), sizes=sizes, **fields)
+        rewards = {name: ranks.gather(scores, sizes) for name, scores in rollout.rewards.items()}
+        return Batch(prompts=[], latents=None, rewards=rewards, rows=ranks.rank_rows(sizes), sizes=sizes, **fields)
 
     def credit(self, batch: Batch) -> Batch:
         """The gathered batch with its aggregated reward, validity and every hook's output (the same on every

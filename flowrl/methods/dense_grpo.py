@@ -136,7 +136,7 @@ class DenseGRPO(FlowGRPO):
         pool = self._calibration_prompt_pool(batch)
         prompts, images = zip(*[pool[(rank * local + i) % len(pool)] for i in range(local)])
         records = {"prompts": list(prompts), "images": None if images[0] is None else list(images)}
-        cond = self.encode(records)
+        cond = self.generation.encode(records)
         self.policy.eval()
         self.calibrated = True  # sample with psi from here on
         for iteration in range(options.iterations):
@@ -148,7 +148,7 @@ class DenseGRPO(FlowGRPO):
             total, valid = self.reward_set.total(rollout.rewards)
             rewards = torch.cat([rollout.completion_rewards.to(total), torch.where(valid, total, torch.nan)[:, None]],
                                 dim=1)
-            gains = self.gather(rewards.diff(dim=1), [local] * world)
+            gains = self.ranks.gather(rewards.diff(dim=1), [local] * world)
             self.noise_scales = calibration_update(self.noise_scales, gains.cpu(), options.eps1, options.eps2)
         rank_zero_info(f"DenseGRPO calibrated noise scales psi(k): {[round(x, 4) for x in self.noise_scales.tolist()]}")
         return self.noise_scales
@@ -162,7 +162,7 @@ class DenseGRPO(FlowGRPO):
         if texts is None or "prompt_ids" not in batch:
             return list(zip(batch["prompts"], batch.get("images") or [None] * len(batch["prompts"])))
         ids = batch["prompt_ids"].to(self.device)
-        ids = self.gather(ids, self.rank_sizes(len(ids))).unique().tolist()
+        ids = self.ranks.gather(ids, self.ranks.rank_sizes(len(ids))).unique().tolist()
         loader = getattr(datamodule, "train_images", None)  # an edit's sources, an image-to-video's first frame
         return list(zip([texts[i] for i in ids], loader(ids) if loader is not None else [None] * len(ids)))
 

@@ -78,8 +78,8 @@ class DiffusionNFT(ForwardProcess):
         """The loss ``[P]`` of (sample, noise level) pairs: the NFT loss plus ``beta`` times the reference term."""
         x_t, _ = self.noised(x0, t, seeds, level_ids)
         with torch.no_grad(), self.policy.adapter("old"):
-            v_old = self.velocity(x_t, t, cond, 1.0)
-        v = self.velocity(x_t, t, cond, 1.0)
+            v_old = self.generation.velocity(x_t, t, cond, 1.0)
+        v = self.generation.velocity(x_t, t, cond, 1.0)
         loss = nft_loss(v, v_old, x_t, x0, t, r, self.nft_beta, self.advantage_clip)
         if self.beta > 0:
             loss = loss + self.reference_term(v, x_t, t, cond)

@@ -1,33 +1,38 @@
-"""The module's side of a strategy: collectives over ranks, backward passes, gradient syncs and the checked optimizer
-step, through whatever strategy Lightning runs (one device, DDP, FSDP2, DeepSpeed).
+"""The module's side of a strategy, as objects it owns: collectives over ranks (:class:`Ranks`), and the backward
+passes, gradient syncs and checked optimizer steps the update components take (:func:`training_steps`), through
+whatever strategy Lightning runs (one device, DDP, FSDP2, DeepSpeed).
 
-:class:`Distributed` sits between :class:`~flowrl.methods.generation.Generation` and the loop
-(:class:`~flowrl.methods.base.BaseModule`): it gathers per-rank rows of any size, and hands the update components a
-:class:`~flowrl.training.steps.TrainingSteps` (:meth:`Distributed.training_steps`), the only way they reach the
-strategy. A step whose loss or gradient norm is NaN or inf on any rank is skipped on every rank
-(:class:`~flowrl.training.nonfinite.NonfiniteSteps`, ``self.nonfinite``).
+A step whose loss or gradient norm is NaN or inf on any rank is skipped on every rank
+(:class:`~flowrl.training.nonfinite.NonfiniteSteps`, :class:`CheckedStep`).
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from flowrl.methods.generation import Generation
 from flowrl.strategies.deepspeed import accumulating, deepspeed_engine, deepspeed_step
 from flowrl.strategies.fsdp2 import forward_is_collective, is_fsdp2
+from flowrl.training.nonfinite import NonfiniteSteps
 from flowrl.training.rank_metrics import combine_ranks
 from flowrl.training.steps import TrainingSteps
 
 
-class Distributed(Generation):
-    """Collectives and optimizer steps of a method (see the module docstring); not a method by itself."""
+class Ranks:
+    """Collectives over the ranks of ``trainer`` (call each on every rank).
 
-    # -- ranks ---------------------------------------------------------------------------------------------
+    Args:
+        trainer: the running trainer (its strategy, world size and rank).
+        all_gather: the module's ``all_gather`` (a tensor of every rank, stacked: ``[W, ...]``).
+        device: where the collectives' tensors are made.
+    """
+
+    def __init__(self, trainer, all_gather: Callable[[Tensor], Tensor], device: torch.device):
+        self.trainer, self.all_gather, self.device = trainer, all_gather, device
 
     def rank_sizes(self, local: int) -> list[int]:
         """Rows on every rank (one collective; ranks may hold different numbers)."""
@@ -61,39 +66,78 @@ class Distributed(Generation):
         torch.distributed.all_gather_object(everyone, ({k: float(v) for k, v in metrics.items()}, pairs, rows))
         return combine_ranks(everyone)
 
-    # -- the training loop's side of an update -------------------------------------------------------------
+    def fewest_batches(self, count: int) -> int:
+        """The fewest batches any rank holds (one collective): the stop decisions until then are shared, the same
+        number on every rank."""
+        if self.trainer.world_size == 1:
+            return count
+        fewest = self.trainer.strategy.reduce(torch.tensor(float(count), device=self.device), reduce_op="min")
+        return int(fewest)
 
-    def training_steps(self) -> TrainingSteps:
-        """Backward passes, gradient syncs, checked optimizer steps and collectives through this trainer's strategy,
-        as the callables the update components take."""
-        strategy, world = self.trainer.strategy, self.trainer.world_size
-        return TrainingSteps(backward=self.manual_backward, optimizer_step=self.finite_optimizer_step,
-                             parameters=self.policy.trainable_parameters, no_sync=self.no_sync, world_size=world,
-                             reduce_mean=lambda x: strategy.reduce(x, reduce_op="mean") if world > 1 else x,
-                             reduce_max=lambda x: strategy.reduce(x, reduce_op="max") if world > 1 else x,
-                             collective_forward=forward_is_collective(strategy), sharded_gradients=is_fsdp2(strategy))
+    def sigterm_anywhere(self) -> bool:
+        """Rank zero's SIGTERM flag, on every rank (call it on every rank). The collective is the one Lightning's
+        own SIGTERM handler makes on each rank (a broadcast of one number from rank zero, as its training loop's
+        ``_broadcast_sigterm_tensor``), so a handler's broadcast on one rank pairs with this one on another; an
+        all-reduce here met the handler's broadcast and broke the process group. Rank zero, Lightning's launcher,
+        passes the signal on to the other processes."""
+        flag = torch.tensor([int(self.trainer.received_sigterm)], device=self.trainer.strategy.root_device)
+        if self.trainer.world_size > 1:
+            torch.distributed.broadcast(flag, src=0)
+        return bool(flag.item())
 
-    def no_sync(self):
-        """Skip the gradient all-reduce of a non-final micro-batch (DDP, FSDP2; DeepSpeed: not an accumulation
-        boundary); a no-op on one device."""
-        if (engine := deepspeed_engine(self.trainer)) is not None:
-            return accumulating(engine)
-        block = getattr(self.trainer.strategy, "block_backward_sync", None)
-        return block() if block is not None else nullcontext()
 
-    def finite_optimizer_step(self, optimizer, loss_finite: bool, parameters: Optional[list] = None,
-                              counted: bool = True) -> Optional[float]:
+def training_steps(trainer, backward: Callable, optimizer_step: Callable,
+                   parameters: Callable[[], list]) -> TrainingSteps:
+    """Backward passes (``backward``: the module's ``manual_backward``), gradient syncs, the checked
+    ``optimizer_step`` (:meth:`CheckedStep.step`) and collectives through ``trainer``'s strategy, as the callables the
+    update components take."""
+    strategy, world = trainer.strategy, trainer.world_size
+    return TrainingSteps(backward=backward, optimizer_step=optimizer_step, parameters=parameters,
+                         no_sync=lambda: no_sync(trainer), world_size=world,
+                         reduce_mean=lambda x: strategy.reduce(x, reduce_op="mean") if world > 1 else x,
+                         reduce_max=lambda x: strategy.reduce(x, reduce_op="max") if world > 1 else x,
+                         collective_forward=forward_is_collective(strategy), sharded_gradients=is_fsdp2(strategy))
+
+
+def no_sync(trainer):
+    """Skip the gradient all-reduce of a non-final micro-batch (DDP, FSDP2; DeepSpeed: not an accumulation
+    boundary); a no-op on one device."""
+    if (engine := deepspeed_engine(trainer)) is not None:
+        return accumulating(engine)
+    block = getattr(trainer.strategy, "block_backward_sync", None)
+    return block() if block is not None else nullcontext()
+
+
+class CheckedStep:
+    """The optimizer step of an update: clipped, and skipped on every rank when non-finite on any.
+
+    Args:
+        trainer: the running trainer (its strategy and global step).
+        nonfinite: the module's count of skipped steps (checkpointed).
+        clip: the module's ``clip_gradients`` (through the strategy and precision).
+        max_grad_norm: clip to this norm (None: no clipping).
+        parameters: the trained parameters (the policy's ``trainable_parameters``).
+    """
+
+    def __init__(self, trainer, nonfinite: NonfiniteSteps, clip: Callable, max_grad_norm: Optional[float],
+                 parameters: Callable[[], list]):
+        self.trainer, self.nonfinite, self.clip = trainer, nonfinite, clip
+        self.max_grad_norm, self.parameters = max_grad_norm, parameters
+
+    def step(self, optimizer, loss_finite: bool, parameters: Optional[list] = None,
+             counted: bool = True) -> Optional[float]:
         """Clip and take the optimizer step unless the loss or the gradient norm is non-finite on any rank, then zero
         the gradients; ``counted=False`` steps through the strategy without counting a global step. Returns the
         gradient norm before clipping, or None for a skipped step."""
+        trainer = self.trainer
         if not counted:
-            optimizer = Uncounted(optimizer, self.trainer.strategy)
-        on_any_rank = (lambda bad: self.trainer.strategy.reduce_boolean_decision(bad, all=False)) \
-            if self.trainer.world_size > 1 else bool
-        skip = lambda finite, norm: self.nonfinite.skip(finite, norm, on_any_rank, self.global_step)  # noqa: E731
-        if (engine := deepspeed_engine(self.trainer)) is not None:  # its optimizer owns the gradients and clipping
+            optimizer = Uncounted(optimizer, trainer.strategy)
+        on_any_rank = (lambda bad: trainer.strategy.reduce_boolean_decision(bad, all=False)) \
+            if trainer.world_size > 1 else bool
+        skip = lambda finite, norm: self.nonfinite.skip(finite, norm, on_any_rank, trainer.global_step)  # noqa: E731
+        if (engine := deepspeed_engine(trainer)) is not None:  # its optimizer owns the gradients and clipping
             return deepspeed_step(engine, optimizer, skip, loss_finite)
-        grads = [p.grad for p in (parameters or self.policy.trainable_parameters()) if p.grad is not None]
+        grads = [p.grad for p in (parameters or self.parameters()) if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         # FSDP2: the gradients are shards (DTensors), and so is their norm until reduced: the global norm is wanted
         grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
@@ -101,7 +145,7 @@ class Distributed(Generation):
             optimizer.zero_grad()
             return None
         if self.max_grad_norm is not None:
-            self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
+            self.clip(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
         optimizer.step()
         optimizer.zero_grad()
         return grad_norm

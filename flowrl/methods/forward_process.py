@@ -166,7 +166,7 @@ class ForwardProcess(BaseModule):
     def reference_term(self, v: Tensor, x_t: Tensor, t: Tensor, cond) -> Tensor:
         """``beta mean((v - v_ref)^2)`` per pair ``[P]``, ``v_ref`` the backbone's without adapters."""
         with torch.no_grad(), self.policy.reference():
-            v_ref = self.velocity(x_t, t, cond, 1.0)
+            v_ref = self.generation.velocity(x_t, t, cond, 1.0)
         return self.beta * (v - v_ref).square().flatten(1).mean(1)
 
     def pair_loss(self, x0: Tensor, t: Tensor, r: Tensor, cond, seeds: Tensor, level_ids: Tensor) -> Tensor:

@@ -141,7 +141,8 @@ class PolicyGradient(BaseModule):
         (the reference's inside ``policy.reference()``): its mean, std and the log-prob of the recorded next latent."""
         b, k = pairs[:, 0], pairs[:, 1]
         z, sigma = rollout.states(b, k), rollout.sigmas[b, k]
-        velocity = self.velocity(z, sigma, cond.select(rollout.cond_rows[b]), self.guidance_scale, self.cfg_gradient)
+        velocity = self.generation.velocity(z, sigma, cond.select(rollout.cond_rows[b]), self.guidance_scale,
+                                            self.cfg_gradient)
         return get_step(self.step_kind)(z, velocity, sigma, rollout.sigmas[b, k + 1], z_next=rollout.states(b, k + 1),
                                         noise_level=self.noise_levels().to(self.device)[k])
 

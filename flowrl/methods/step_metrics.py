@@ -1,14 +1,17 @@
 """The metrics every method logs after each batch, under the same names (``train/reward/<name>``,
 ``train/advantage/{mean,std}``, ``rollout/{nfe,evaluations,...}``, then the update's ``train/<key>``, among them
-:data:`UPDATE_METRICS` and the loop's ``train/{forward_passes,nonfinite_steps,untrained_batches}``): a layer of
-:class:`~flowrl.methods.base.BaseModule`, so that a method's update returns numbers and never logs them itself."""
+:data:`UPDATE_METRICS` and the loop's ``train/{forward_passes,nonfinite_steps,untrained_batches}``): an object the
+loop (:class:`~flowrl.methods.base.BaseModule`) builds per batch, so that a method's update returns numbers and never
+logs them itself."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from flowrl.methods.batch import Batch
-from flowrl.methods.distributed import Distributed
+from flowrl.rewards.reward_set import RewardSet
 from flowrl.sampling.rollout import Rollout
 
 #: what every method's ``update`` returns (logged as ``train/<key>``): the trained policy's loss and its gradient norm
@@ -16,12 +19,24 @@ from flowrl.sampling.rollout import Rollout
 UPDATE_METRICS = ("loss", "grad_norm")
 
 
-class StepMetrics(Distributed):
-    """Logs one batch's metrics (reads the method's ``reward_set``, ``guidance_scale`` and ``unlogged_evaluations``)."""
+class StepMetrics:
+    """Logs one batch's metrics.
+
+    Args:
+        log: the module's ``log``.
+        reward_set: the reward callbacks (their weighted total).
+        global_metrics: :meth:`~flowrl.methods.distributed.Ranks.global_metrics` (a rank's update metrics as the
+            whole batch's).
+    """
+
+    def __init__(self, log: Callable, reward_set: RewardSet, global_metrics: Callable):
+        self.log, self.reward_set, self.global_metrics = log, reward_set, global_metrics
 
     def log_step(self, rollout: Rollout, batch: Batch, metrics: dict[str, float], sampling_s: float,
-                 guided: bool) -> None:
-        """The metrics every method logs, with the same names, then ``train/<key>`` of ``metrics``."""
+                 cfg_pairs: bool, unlogged_evaluations: float = 0.0) -> None:
+        """The metrics every method logs, with the same names, then ``train/<key>`` of ``metrics``. ``cfg_pairs``:
+        each evaluation was a classifier-free guidance pair (2 forward passes); ``unlogged_evaluations``: evaluations
+        spent outside rollouts since the last batch (noise calibration), counted in ``rollout/evaluations``."""
         # read off the gathered batch (or reduced over ranks): metrics.csv holds rank zero's row, which must be the
         # whole batch's value, as one process would log it
         size, rows = rollout.batch_size, sum(batch.sizes) or rollout.batch_size
@@ -40,11 +55,9 @@ class StepMetrics(Distributed):
             log(f"train/{key}", value)
         nfe = float(batch.nfe.sum()) / rows  # mean model evaluations per row (a tree's leaf: its share)
         log("rollout/nfe", nfe)
-        log("rollout/forward_passes", nfe * (2 if guided and self.guidance_scale != 1.0 else 1))  # a CFG pair: 2
+        log("rollout/forward_passes", nfe * (2 if cfg_pairs else 1))  # a CFG pair: 2
         # the batch's model evaluations over every rank: the compute budget methods are compared at
-        log("rollout/evaluations", rollout.nfe.sum().float() + self.unlogged_evaluations, reduce_fx="sum",
-            sync_dist=True)
-        self.unlogged_evaluations = 0.0
+        log("rollout/evaluations", rollout.nfe.sum().float() + unlogged_evaluations, reduce_fx="sum", sync_dist=True)
         transitions = int(batch.trained.sum())  # the batch's evaluations per transition the loss trains
         log("rollout/nfe_per_trained_step", float(batch.nfe.sum()) / transitions if transitions else float("nan"))
         # the ranks sample side by side: the run's rate is the sum of theirs

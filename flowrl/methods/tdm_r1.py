@@ -150,9 +150,9 @@ class TDMR1(BaseModule):
         """The velocity under adapter ``adapter`` (None: the reference, the backbone alone)."""
         if adapter is None:
             with self.policy.reference():
-                return self.velocity(z, sigma, cond, guidance)
+                return self.generation.velocity(z, sigma, cond, guidance)
         with self.policy.adapter(adapter):
-            return self.velocity(z, sigma, cond, guidance)
+            return self.generation.velocity(z, sigma, cond, guidance)
 
     def x0(self, adapter: Optional[str], z: Tensor, tau: Tensor, cond: Conditioning, guidance: float = 1.0):
         """The clean-sample prediction ``z - tau v`` at the level ``tau`` (a scalar) of every row."""
@@ -225,7 +225,7 @@ class TDMR1(BaseModule):
             with torch.no_grad():  # per-row losses of every rank first: the group logits need them all
                 stats = torch.cat([self._denoising(z_tau[rows], tau[rows], cond.select(rows), target[rows])
                                    for rows in self.chunks(size)])  # [B, 4]: dsm, old, ref, drift
-            everyone = self.gather(stats, batch.sizes)
+            everyone = self.ranks.gather(stats, batch.sizes)
             logits = group_logits(everyone[:, 0] - everyone[:, 2], all_advantages, batch.group_ids, self.beta_dpo)
             weights = torch.sigmoid(logits)[batch.rows]
             frozen = frozen_rows(stats[:, 0], stats[:, 1], stats[:, 2], advantages, self.clip_range,

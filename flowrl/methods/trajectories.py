@@ -1,7 +1,8 @@
 """How a batch is sampled, the sampling hooks of :class:`~flowrl.methods.base.BaseModule`: trajectories from
 seeded noise through the one step loop, which steps are stochastic (``sde_mask``) and which carry credit
 (``trained_steps``), computed from the options alone so that the checks before loading see the same steps as the
-run (``trained_step_mask``), and the states whose ODE completions are scored (``completion_starts``)."""
+run (``trained_step_mask``), the states whose ODE completions are scored (``completion_starts``), and the batch's
+rollout sampled and scored ``sample_chunk_size`` rows at a time (``rollout_and_score``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from flowrl.methods.step_metrics import StepMetrics
 from flowrl.methods.trained_pairs import placeholder_sigmas
+from flowrl.methods.validation import Validation
 from flowrl.policies.base import Conditioning
 from flowrl.rewards.reward_set import row_metadata
 from flowrl.sampling.multistep import MultistepTail
@@ -20,8 +21,9 @@ from flowrl.sampling.sampler import sample, sde_steps
 from flowrl.sampling.steps import ODE_STEPS
 
 
-class Trajectories(StepMetrics):
-    """The sampling hooks (reads the method's options, ``policy``, ``completions`` and ``reward_set``)."""
+class Trajectories(Validation):
+    """The sampling hooks (reads the method's options, ``policy``, ``generation``, ``completions`` and
+    ``reward_set``)."""
 
     def rollout(self, batch: dict, cond: Conditioning) -> Rollout:
         """Sample the batch's rows (conditioned by ``cond``'s rows ``batch["cond_rows"]``, by default row ``i`` by row
@@ -33,7 +35,7 @@ class Trajectories(StepMetrics):
         cond_rows = batch.get("cond_rows", torch.arange(len(batch["seeds"]), device=self.device))
         reuse = self.completions is not None and self.completions.completion_steps == 0
         velocities = [] if reuse else None  # kept only for completions that reuse them
-        latents, log_probs = sample(self.velocity_fn(cond, cond_rows), batch["seeds"], sigmas,
+        latents, log_probs = sample(self.generation.velocity_fn(cond, cond_rows), batch["seeds"], sigmas,
                                     self.policy.latent_shape(), self.step_kind, self.noise_levels(), mask, self.device,
                                     velocities, self.ode_tail(mask, sigmas))
         size = latents.shape[0]
@@ -47,9 +49,32 @@ class Trajectories(StepMetrics):
         if starts is not None:  # each completion scored with its trajectory's metadata (an edit: its sources)
             metadata = row_metadata(rollout.group_ids, rollout.seeds, rollout.cond_rows, batch.get("images"))
             rollout.completion_rewards, nfe = self.completions.score(
-                rollout, starts, self.velocity_fn(cond, rollout.cond_rows), self.policy.decode,
+                rollout, starts, self.generation.velocity_fn(cond, rollout.cond_rows), self.policy.decode,
                 self.reward_set.row_scorer(metadata, size), ODE_STEPS[self.policy.prediction])
             rollout.nfe = rollout.nfe + nfe
+        return rollout
+
+    def rollout_and_score(self, batch: dict, cond: Conditioning) -> Rollout:
+        """The rollout with its images and every reward's scores, sampled ``sample_chunk_size`` rows at a time; each
+        chunk is submitted for scoring before the next one samples."""
+        size = len(batch["prompts"])
+        step = self.sample_chunk_size or size
+        parts, pending = [], []
+        for start in range(0, size, step):
+            rows = slice(start, min(start + step, size))
+            # images stay per conditioning row, as cond: a row (a leaf, a completion) finds its own by cond_rows
+            chunk = {k: v[rows] if isinstance(v, (list, Tensor)) and k != "images" else v for k, v in batch.items()}
+            chunk["cond_rows"] = torch.arange(rows.start, rows.stop, device=self.device)
+            part = self.rollout(chunk, cond)
+            part.images = self.policy.decode(part.final())
+            metadata = row_metadata(part.group_ids, part.seeds, part.cond_rows, batch.get("images"))
+            pending.append(self.reward_set.submit(part.images, part.prompts, metadata))
+            parts.append(part)
+        rollout = Rollout.cat(parts) if len(parts) > 1 else parts[0]
+        rollout.rewards = self.reward_set.collect(pending)
+        # scored, the images are only read by sample grids and dumps after the update: off the accelerator during it
+        # (a batch of 4 Wan videos of 81 frames at 480p is 1.5 GB of float32 frames)
+        rollout.images = rollout.images.cpu()
         return rollout
 
     def noise_levels(self) -> Tensor:

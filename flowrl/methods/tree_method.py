@@ -95,7 +95,8 @@ class TreeMethod(PolicyGradient):
         seeds = batch["seeds"]
         cond_rows = batch.get("cond_rows", torch.arange(len(seeds), device=self.device))
         shape = self.tree_shape()
-        trees = sample_trees(self.velocity_fn(cond, cond_rows), seeds, self.policy.latent_shape(), sigmas, shape,
+        velocity = self.generation.velocity_fn(cond, cond_rows)
+        trees = sample_trees(velocity, seeds, self.policy.latent_shape(), sigmas, shape,
                              self.step_kind, super().noise_levels(), self.completion_steps, self.tree_chunk_size,
                              self.device)
         leaf = trees.tree.to(seeds.device)

@@ -156,8 +156,6 @@ class FlowPolicy(nn.Module):
         config = LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=options.dropout,
                             init_lora_weights="gaussian", target_modules=targets)
         self.denoiser.add_adapter(config, adapter_name=name)
-        if any(p.is_meta for p in self.denoiser.parameters()):  # a skeleton whose shards load later (FSDP2):
-            self.denoiser.to("meta")  # peft moves only a layer's first adapter to its base layer's device
         if trainable:
             self._trainable_adapters.add(name)
         self._activate(active or name)

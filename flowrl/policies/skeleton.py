@@ -39,8 +39,9 @@ def denoiser_on_meta(policy) -> Iterator[None]:
     :mod:`flowrl.strategies.sharded_load`).
 
     The families' ``_load_weights`` stay as they are (each calls its denoiser class's ``from_pretrained``); the
-    skeleton is what ``from_pretrained`` returns bar the weights: the config from the same folder, ``torch_dtype``
-    applied, in eval mode. Modules diffusers keeps in float32 get their dtypes from the reader's model.
+    skeleton is what ``from_pretrained`` returns bar the weights: the config from the same folder, each parameter in
+    the dtype ``from_pretrained`` gives it (:func:`loaded_dtype`), in eval mode, and it remembers the folder its
+    weights are in (``weights_source``: ``(path, subfolder)``), where FSDP2 reads each process's slices.
     """
     import diffusers
 
@@ -54,7 +55,10 @@ def denoiser_on_meta(policy) -> Iterator[None]:
         # frequencies) real, as from_pretrained builds them: no state dict carries the plain ones
         with init_empty_weights(include_buffers=False):
             model = klass.from_config(klass.load_config(path, subfolder=subfolder))
-        return (model if torch_dtype is None else model.to(torch_dtype)).eval()
+        for name, tensor in model.state_dict(keep_vars=True).items():  # the file's tensors: parameters, buffers
+            tensor.data = tensor.data.to(loaded_dtype(klass, name, tensor.dtype, torch_dtype))
+        model.weights_source = (path, subfolder)
+        return model.eval()
 
     cls.from_pretrained = classmethod(skeleton)
     try:
@@ -64,3 +68,15 @@ def denoiser_on_meta(policy) -> Iterator[None]:
             del cls.from_pretrained
         else:
             cls.from_pretrained = own
+
+
+def loaded_dtype(cls, name: str, built: torch.dtype, torch_dtype=None) -> torch.dtype:
+    """The dtype ``cls.from_pretrained(..., torch_dtype=torch_dtype)`` gives the floating tensor ``name`` of the file
+    (``built``: its dtype in the model built from the config): ``torch_dtype``, but float32 in the modules the class
+    keeps in float32 (``_keep_in_fp32_modules``, matched against the name's parts, as diffusers does), and the built
+    dtype without a ``torch_dtype``."""
+    if torch_dtype is None or not built.is_floating_point:
+        return built
+    keep = cls._keep_in_fp32_modules or []
+    keep = [keep] if isinstance(keep, str) else keep
+    return torch.float32 if any(m in name.split(".") for m in keep) else torch_dtype

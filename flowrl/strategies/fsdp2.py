@@ -202,9 +202,9 @@ def shard_for_strategy(strategy, policy) -> list[str]:
 
 def load_for_strategy(strategy, module) -> list[str]:
     """Load ``module``'s weights (``module.load_weights()``) under ``strategy`` and shard them when it is FSDP2;
-    returns the sharded modules' names. On several FSDP2 processes only rank zero reads the trained denoiser, the
-    others build it on the meta device and receive their shards (:mod:`flowrl.strategies.sharded_load`); under any
-    other strategy, or one process, every rank loads the whole model as a script does.
+    returns the sharded modules' names. On several FSDP2 processes every rank builds the trained denoiser on the meta
+    device and reads only its own slices of the weights (:mod:`flowrl.strategies.sharded_load`); under any other
+    strategy, or one process, every rank loads the whole model as a script does.
 
     Raises:
         ValueError: a ``ModelParallelStrategy`` with tensor parallelism (before any weight loads).

@@ -1,32 +1,28 @@
-"""The trained denoiser loaded into its FSDP2 shards from one reader: no other process holds it whole.
+"""The trained denoiser loaded into its FSDP2 shards, each process reading only its own slices of the weights.
 
-Under ``fsdp2`` on N processes, rank zero loads the policy as one process does (``from_pretrained`` of every
-component, LoRA, the method's adapters and reference), while every other rank loads the frozen components (VAE, text
-encoders: they stay whole, :mod:`flowrl.policies.sharding`) and builds the denoiser on the meta device
-(:func:`~flowrl.policies.skeleton.denoiser_on_meta`), where LoRA and the method's adapters take no memory. Rank zero
-keeps its loaded tensors in a state dict and puts its modules on the meta device too; every rank shards the
-skeleton with the same plan, and torch's ``set_model_state_dict`` (``full_state_dict``, ``broadcast_from_rank0``)
-sends rank zero's tensors one at a time, FSDP unit by unit, each rank keeping its slice. A rank other than zero holds
-its shard plus one whole tensor at a time; rank zero the whole denoiser as read, shrinking to its shard as each
-unit's whole tensors are sent and freed (torchtune's FSDP2 recipes load the same way).
-
-The numbers are those of loading on every rank: the values are rank zero's, and so is the random state after the
-load (LoRA's initialisation drew from it on rank zero; the meta skeletons of the other ranks draw nothing, or not the
-same), which every rank would have reached from the same seed. What the state dict leaves out travels too: each
-tensor's dtype (diffusers keeps some modules in float32) before sharding, the non-persistent buffers after.
+Under ``fsdp2`` on N processes every rank loads the policy with the denoiser built on the meta device
+(:func:`~flowrl.policies.skeleton.denoiser_on_meta`): the frozen components (VAE, text encoders: they stay whole,
+:mod:`flowrl.policies.sharding`) load as always, and LoRA and the method's adapters are made for real beside the
+meta weights, drawing from the policy's initialisation stream as a 1-process load does (peft makes them on the CPU
+before it moves them to their base layer's device, which it is kept from doing here), so they hold the same values
+and leave the same random state on every rank. Every rank shards the skeleton with the plan, then fills each FSDP
+unit's meta tensors with its own rows of the model folder's safetensors files
+(:mod:`flowrl.strategies.safetensors_slices`), unit by unit, in the dtypes ``from_pretrained`` gives them. A rank
+holds its shard (1/N) plus the file pages of one unit's slices at a time; nothing is sent between ranks. A full
+fine-tuning reference (a copy of the meta denoiser) reads the same files.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from flowrl.policies.sharding import denoiser_blocks, shard_policy
 from flowrl.policies.skeleton import denoiser_on_meta
+from flowrl.strategies.safetensors_slices import model_folder, read_rows, tensor_files
 
 #: the policy's modules that FSDP2 shards (:func:`flowrl.policies.sharding.shard_policy`) and that load here
 ROOTS = ("denoiser", "reference_denoiser")
@@ -34,37 +30,29 @@ ROOTS = ("denoiser", "reference_denoiser")
 
 def load_into_shards(policy, load: Callable[[], object], mesh, reshard_after_forward: bool = True) -> list[str]:
     """Run ``load`` (which loads ``policy``'s weights: ``BaseModule.load_weights``, or ``policy.load``) with the
-    trained denoiser read by global rank zero only, then shard it over ``mesh`` and fill every rank's shards from rank
-    zero's tensors; returns the sharded modules' names. Every process of the default process group calls it.
+    trained denoiser built on the meta device, shard it over ``mesh`` and read every rank's slices of its weights
+    from the model's safetensors files; returns the sharded modules' names. Every process of the mesh calls it.
 
     Raises:
-        RuntimeError: the denoiser a rank built on the meta device is not rank zero's (its tensors' names differ),
-            or a tensor got no value.
+        RuntimeError: a tensor of the denoiser that is in no file of its folder and was not made by the load.
+        FileNotFoundError: a model folder without safetensors weights.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    reader = dist.get_rank() == 0
-    with nullcontext() if reader else denoiser_on_meta(policy):
+    with denoiser_on_meta(policy), adapters_beside_meta():
         load()
     roots = {name: getattr(policy, name) for name in ROOTS if getattr(policy, name, None) is not None}
-    full = {name: root.state_dict() for name, root in roots.items()} if reader else {}
-    box = [_description(policy, roots) if reader else None]
-    dist.broadcast_object_list(box, src=0)
-    units = {name: unit_keys(root, box[0]["keys"][name]) for name, root in roots.items()}  # the plan reads names
-    _skeletons(policy, roots, box[0])
+    units = {name: unit_keys(root, list(root.state_dict())) for name, root in roots.items()}  # the plan reads names
     sharded = shard_policy(policy, mesh, reshard_after_forward)
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     for name, root in roots.items():
-        for keys in units[name]:  # rank zero frees each unit's whole tensors once sent
-            set_model_state_dict(root, {k: full[name].pop(k) for k in keys} if reader else {}, options=options)
-        _set_buffers(root, box[0]["buffers"][name])
+        sources = file_keys(root)
+        for keys in units[name]:
+            fill_unit(root, [k for k in keys if k in sources], sources, torch.device(mesh.device_type))
     _refuse_meta(roots)
     return sharded
 
 
 def unit_keys(root: nn.Module, keys: list[str]) -> list[list[str]]:
     """``keys`` (of ``root``'s state dict, in order) in runs that belong to one FSDP unit each (a block of the
-    plan, :func:`~flowrl.policies.sharding.denoiser_blocks`, or the root): what one ``set_model_state_dict`` fills."""
+    plan, :func:`~flowrl.policies.sharding.denoiser_blocks`, or the root): what one fill reads."""
     prefixes = sorted((f"{name}." for name, _ in denoiser_blocks(root)), key=len, reverse=True)
     runs, unit = [], object()
     for key in keys:
@@ -76,59 +64,78 @@ def unit_keys(root: nn.Module, keys: list[str]) -> list[list[str]]:
     return runs
 
 
-def _description(policy, roots: dict[str, nn.Module]) -> dict:
-    """What rank zero's loaded policy tells every rank besides the tensors' values: the state dicts' keys, every
-    tensor's dtype, the non-persistent buffers (on the CPU) and the random state after the load."""
-    return {"keys": {name: list(root.state_dict()) for name, root in roots.items()},
-            "dtypes": {name: {n: t.dtype for n, t in _tensors(root)} for name, root in roots.items()},
-            "buffers": {name: {n: b.cpu() for n, b in _non_persistent(root)} for name, root in roots.items()},
-            "rng": torch.get_rng_state(), "init_rng": policy._init_rng}
+def file_keys(root: nn.Module) -> dict[str, tuple[str, str]]:
+    """For every tensor of ``root``'s state dict that a skeleton's files hold: ``(file, name in the file)``. A
+    skeleton (a module with ``weights_source``) holds its state dict's names bar peft's ``base_layer`` level; LoRA's
+    tensors are in no file."""
+    out = {}
+    for prefix, module in root.named_modules():
+        source = getattr(module, "weights_source", None)
+        if source is None:
+            continue
+        files = tensor_files(model_folder(*source))
+        for key in module.state_dict(keep_vars=True):
+            stored = key.replace(".base_layer.", ".")
+            if stored in files:
+                out[f"{prefix}.{key}" if prefix else key] = (str(files[stored]), stored)
+    return out
 
 
-def _skeletons(policy, roots: dict[str, nn.Module], told: dict) -> None:
-    """Every rank's ``roots`` on the meta device in rank zero's dtypes (rank zero's values wait in its state
-    dicts), and rank zero's random state.
+def fill_unit(root: nn.Module, keys: list[str], sources: dict[str, tuple[str, str]], device: torch.device) -> None:
+    """Read this rank's rows of ``keys`` (one FSDP unit's tensors of ``root``) from their files into ``root`` on
+    ``device``: a sharded parameter gets its shard's rows, a whole tensor all of them, each in the skeleton's dtype."""
+    from safetensors import safe_open
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    Raises:
-        RuntimeError: a rank's skeleton's tensors are not those of rank zero's model (a family whose load builds
-            something else than its denoiser class's ``from_pretrained`` returns).
-    """
-    for name, root in roots.items():
-        dtypes, mine = told["dtypes"].get(name, {}), dict(_tensors(root.to("meta")))
-        if set(dtypes) != set(mine):
-            raise RuntimeError(f"the {name} built on the meta device differs from rank zero's loaded one (e.g. "
-                               f"{sorted(set(dtypes) ^ set(mine))[:3]}): this policy cannot load one shard per "
-                               "process under fsdp2")
-        for n, t in mine.items():
-            t.data = t.data.to(dtypes[n])
-    torch.set_rng_state(told["rng"])
-    policy._init_rng = told["init_rng"]
+    current, values = root.state_dict(keep_vars=True), {}
+    with ExitStack() as files:  # unmapped once read: a rank's mapped pages are one unit's slices at a time
+        handles = {}
+        for key in keys:
+            file, stored = sources[key]
+            if file not in handles:
+                handles[file] = files.enter_context(safe_open(file, "pt"))
+            tensor = current[key]
+            if not isinstance(tensor, DTensor):  # a tensor FSDP2 leaves whole (a buffer)
+                values[key] = read_rows(handles[file], stored, 0, len(tensor) if tensor.dim() else 0,
+                                        tensor.dtype).to(device)
+                continue
+            shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+            rows = read_rows(handles[file], stored, offset[0], offset[0] + shape[0], tensor.dtype)
+            values[key] = DTensor.from_local(rows.to(device), tensor.device_mesh, tensor.placements, run_check=False,
+                                             shape=tensor.shape, stride=tensor.stride())
+    root.load_state_dict(values, strict=False, assign=True)
 
 
-def _set_buffers(root: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
-    """Rank zero's non-persistent buffers (no state dict carries them) into ``root``, on its parameters' device."""
-    device = next(p for p in root.parameters() if not p.is_meta).device
-    for name, value in buffers.items():
-        owner, _, attr = name.rpartition(".")
-        root.get_submodule(owner)._buffers[attr] = value.to(device)
+@contextmanager
+def adapters_beside_meta() -> Iterator[None]:
+    """Within this context nothing moves to the meta device (``Module.to("meta", dtype)`` only casts): peft moves a
+    new adapter to its base layer's device, which is the meta device for a skeleton's layer, and LoRA's initial
+    values, made on the CPU as a 1-process load makes them, are kept."""
+    own = nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None and device.type == "meta":
+            return own(self, dtype) if dtype is not None else self
+        return own(self, *args, **kwargs)
+
+    nn.Module.to = to
+    try:
+        yield
+    finally:
+        nn.Module.to = own
 
 
 def _refuse_meta(roots: dict[str, nn.Module]) -> None:
     """Raises RuntimeError if any tensor of ``roots`` is left on the meta device (no value loaded into it)."""
     left = [f"{name}.{n}" for name, root in roots.items() for n, t in _tensors(root) if t.is_meta]
     if left:
-        raise RuntimeError(f"no weights loaded into {left[:3]} ({len(left)} tensors) under fsdp2")
+        raise RuntimeError(f"no weights loaded into {left[:3]} ({len(left)} tensors) under fsdp2: they are in no "
+                           "safetensors file of the denoiser's folder")
 
 
 def _tensors(root: nn.Module):
     """``(name, tensor)`` of every parameter and buffer of ``root`` (each shared tensor once)."""
     yield from root.named_parameters()
     yield from root.named_buffers()
-
-
-def _non_persistent(root: nn.Module):
-    """``(name, buffer)`` of the buffers of ``root`` that its state dict leaves out."""
-    for owner, sub in root.named_modules():
-        for attr in sub._non_persistent_buffers_set:
-            if sub._buffers.get(attr) is not None:
-                yield (f"{owner}.{attr}" if owner else attr), sub._buffers[attr]

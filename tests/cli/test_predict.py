@@ -57,11 +57,11 @@ def test_predict_writes_the_images_generate_draws_from_the_checkpoint(finetuning
 
     prompts, seeds = rows()
     trained = FlowGRPO(load_policy(ckpt), guidance_scale=4.5)
-    expected = trained.generate(prompts, seeds, STEPS)
+    expected = trained.generation.generate(prompts, seeds, STEPS)
     assert torch.equal(written(out), as_png_pixels(expected))
     from flowrl.policies import TinyFlowPolicy
 
-    base = FlowGRPO(TinyFlowPolicy(lora=None).load(), guidance_scale=4.5).generate(prompts, seeds, STEPS)
+    base = FlowGRPO(TinyFlowPolicy(lora=None).load(), guidance_scale=4.5).generation.generate(prompts, seeds, STEPS)
     assert not torch.equal(as_png_pixels(base), as_png_pixels(expected))  # the checkpoint's weights were used
 
     with open(out / "scores.csv") as f:
@@ -87,14 +87,14 @@ def test_predict_from_an_exported_lora_folder(tmp_path, monkeypatch):
     main(["predict", "--config", str(ROOT / "tests/policies/fit_pipeline.yaml"), "--lora", str(tmp_path / "lora"),
           f"--model.init_args.policy.init_args.model={model}", "--prompts", *prompts, "--seeds", "1", "2",
           "--num_steps", "3", "--guidance_scale", "3.0", "--out", str(tmp_path / "out")])
-    expected = FlowGRPO(policy, guidance_scale=3.0).generate([p for p in prompts for _ in seeds],
+    expected = FlowGRPO(policy, guidance_scale=3.0).generation.generate([p for p in prompts for _ in seeds],
                                                               torch.tensor(seeds * 2), 3)
     assert torch.equal(written(tmp_path / "out", prompts, seeds), as_png_pixels(expected))
     from flowrl.policies import SD3Policy
 
     base = FlowGRPO(SD3Policy(model, lora=None, resolution=32, max_sequence_length=8).load(), guidance_scale=3.0)
-    assert not torch.equal(as_png_pixels(base.generate([p for p in prompts for _ in seeds], torch.tensor(seeds * 2),
-                                                       3)), as_png_pixels(expected))
+    other = base.generation.generate([p for p in prompts for _ in seeds], torch.tensor(seeds * 2), 3)
+    assert not torch.equal(as_png_pixels(other), as_png_pixels(expected))
 
 
 def test_predict_option_errors_are_reported_together(tmp_path):

@@ -50,8 +50,8 @@ def test_the_images_are_what_generate_draws_for_each_model(evaluated, bright_ckp
     suite, _ = load_suite([str(suite16)])
     prompts = [p for p in suite.prompts[:4] for _ in SEEDS]
     seeds = torch.tensor(SEEDS * 4)
-    base = FlowGRPO(TinyFlowPolicy(lora=None).load(), guidance_scale=4.5).generate(prompts, seeds, STEPS)
-    bright = FlowGRPO(load_policy(bright_ckpt), guidance_scale=4.5).generate(prompts, seeds, STEPS)
+    base = FlowGRPO(TinyFlowPolicy(lora=None).load(), guidance_scale=4.5).generation.generate(prompts, seeds, STEPS)
+    bright = FlowGRPO(load_policy(bright_ckpt), guidance_scale=4.5).generation.generate(prompts, seeds, STEPS)
 
     def written(model):
         files = [out / "images" / model / image_name(i // 2, p, s) for i, (p, s) in enumerate(zip(prompts,

@@ -84,14 +84,15 @@ def test_a_full_checkpoint_and_lora_folders_draw_their_own_images(tmp_path, monk
                 "full": FlowGRPO(load_policy(ckpt), guidance_scale=4.5),
                 "lora": FlowGRPO(source, guidance_scale=4.5), "plain": FlowGRPO(plain, guidance_scale=4.5)}
     for name, module in expected.items():
-        images = (module.generate(prompts, seeds, STEPS).clamp(0, 1) * 255).round().to(torch.uint8)
+        images = (module.generation.generate(prompts, seeds, STEPS).clamp(0, 1) * 255).round().to(torch.uint8)
         files = [out / "images" / name / image_name(i // len(SEEDS), p, s)
                  for i, (p, s) in enumerate(zip(prompts, seeds.tolist()))]
         written = torch.stack([torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1) for f in files])
         assert torch.equal(written, images), name
         if name != "base":
-            assert not torch.equal(images, expected["base"].generate(prompts, seeds, STEPS).mul(255).round().to(
-                torch.uint8)), name  # a real change, so the equality above is the model's own
+            base = expected["base"].generation.generate(prompts, seeds, STEPS)
+            # a real change, so the equality above is the model's own
+            assert not torch.equal(images, base.mul(255).round().to(torch.uint8)), name
     report = (out / "report.md").read_text()
     assert "| brightness | trained | full |" in report  # its run config trained brightness
     assert "| brightness | trained | lora |" in report  # a folder: trained as the base config says
@@ -108,7 +109,8 @@ def test_a_base_that_carries_a_lora_draws_with_it(tmp_path, monkeypatch):
           str(suite), "--seeds", *map(str, SEEDS), "--out", str(out), "--accelerator", "cpu", "--grid_prompts", "0"])
     prompts, seeds = [p for p in PROMPTS for _ in SEEDS], torch.tensor(SEEDS * len(PROMPTS))
     k4 = TinyFlowPolicy(lora=LoraOptions(rank=16, alpha=32, init="flowrl/tiny-digits-k4")).load()
-    expected = (FlowGRPO(k4, guidance_scale=1.0).generate(prompts, seeds, 4).clamp(0, 1) * 255).round().to(torch.uint8)
+    expected = FlowGRPO(k4, guidance_scale=1.0).generation.generate(prompts, seeds, 4)
+    expected = (expected.clamp(0, 1) * 255).round().to(torch.uint8)
     files = [out / "images" / "base" / image_name(i // len(SEEDS), p, s)
              for i, (p, s) in enumerate(zip(prompts, seeds.tolist()))]
     written = torch.stack([torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1) for f in files])

@@ -27,7 +27,7 @@ class ScoreOnly(BaseModule):
         self.policy.train()
         x0, noise = rollout.final(), seeded_noise(rollout.seeds + 1, self.policy.latent_shape(), 1)[:, 0]
         t = torch.full((len(x0),), 0.5)
-        v = self.velocity((1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise, t,
+        v = self.generation.velocity((1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise, t,
                           cond.select(rollout.cond_rows), 1.0)
         loss = ((v - (noise - x0)).square().mean(dim=(1, 2, 3)) * keep).sum() / keep.sum().clamp(min=1)
         steps = self.training_steps()

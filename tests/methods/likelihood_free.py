@@ -110,7 +110,7 @@ def assert_export_matches_pipeline(tmp_path: Path, sd3_dir: str, method: str, op
     policy = load_policy(ckpt)
     assert policy.adapter_names == adapters and policy.active_adapter == "default"
     prompts, seeds = ["a red cat", "a blue dog"], torch.tensor([11, 12])
-    ours = BaseModule(policy, num_steps=3, guidance_scale=1.0).generate(prompts, seeds, 3)
+    ours = BaseModule(policy, num_steps=3, guidance_scale=1.0).generation.generate(prompts, seeds, 3)
     pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir)
     noise = seeded_noise(seeds, policy.latent_shape(), 1)[:, 0]
     run = lambda: pipe(prompts, num_inference_steps=3, guidance_scale=1.0, latents=noise, height=32,  # noqa: E731

@@ -69,10 +69,10 @@ def test_window_rollout_and_r0_from_the_same_noise(policy, step_kind):
     assert rollout.completion_rewards.shape == (2, 4) and torch.isfinite(rollout.completion_rewards).all()
     # before the window the trajectory is the ODE, so R_0 (completion of the latent at the window start) is the
     # reward of the plain ODE sample of the same seed
-    ode_images = module.generate(batch_of(seeds)["prompts"], torch.tensor(seeds), num_steps=6)
+    ode_images = module.generation.generate(batch_of(seeds)["prompts"], torch.tensor(seeds), num_steps=6)
     assert torch.allclose(rollout.completion_rewards[:, 0], mean_pixel(ode_images, None), atol=1e-5)
     # another seed gives another baseline: the baseline is the trajectory's own, not a fresh draw
-    other = module.generate(batch_of(seeds)["prompts"], torch.tensor([13, 14]), num_steps=6)
+    other = module.generation.generate(batch_of(seeds)["prompts"], torch.tensor([13, 14]), num_steps=6)
     assert not torch.allclose(rollout.completion_rewards[:, 0], mean_pixel(other, None), atol=1e-5)
 
 

@@ -54,7 +54,7 @@ def test_tempflow_trunk_is_the_ode_sample_and_branches_reuse_its_states(policy):
     method = TempFlowGRPO(policy, num_steps=6, branches=3, guidance_scale=2.0)
     rollout, _ = counted_rollout(method, BATCH)
     cond = policy.encode(BATCH["prompts"])
-    ode, _ = sample(method.velocity_fn(cond), BATCH["seeds"], policy.sigmas(6), policy.latent_shape(), "ode")
+    ode, _ = sample(method.generation.velocity_fn(cond), BATCH["seeds"], policy.sigmas(6), policy.latent_shape(), "ode")
     for row in range(rollout.batch_size):
         k = int(rollout.train_mask[row].nonzero())  # the one trained step: where the branch left the trunk
         tree = int(rollout.cond_rows[row])

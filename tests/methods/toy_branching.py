@@ -29,13 +29,14 @@ class TwoBranches(PolicyGradient):
         cond_rows = batch.get("cond_rows", torch.arange(n))
         noise = seeded_noise(seeds, shape, b + 1, self.device)
         shared_sde = torch.arange(b) == b - 1  # ODE prefix, then one stochastic step both leaves share
-        trunk, trunk_lp = sample_from(self.velocity_fn(cond, cond_rows), noise[:, 0], sigmas, 0, noise[:, 1:],
+        velocity = self.generation.velocity_fn(cond, cond_rows)
+        trunk, trunk_lp = sample_from(velocity, noise[:, 0], sigmas, 0, noise[:, 1:],
                                       self.step_kind, shared_sde, self.noise_levels())
         rows = torch.arange(n).repeat_interleave(2)  # [2n] two leaves per tree
         paths = [[child] for _ in range(n) for child in (0, 1)]
         branch_noise = path_noise(seeds[rows], paths, shape, T - b, self.device)
         branch_sde = torch.arange(T - b) == 0  # the branch step, then the ODE to the end
-        leaves, leaves_lp = sample_from(self.velocity_fn(cond, cond_rows[rows]), trunk[rows, -1], sigmas, b,
+        leaves, leaves_lp = sample_from(self.generation.velocity_fn(cond, cond_rows[rows]), trunk[rows, -1], sigmas, b,
                                         branch_noise, self.step_kind, branch_sde, self.noise_levels())
         train = torch.zeros(T, dtype=torch.bool)
         train[b - 1] = train[b] = True

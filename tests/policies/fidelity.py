@@ -102,7 +102,7 @@ def measure(case: Case, path: str, steps: int = STEPS, guidance: float = GUIDANC
         with torch.no_grad():
             velocity = policy.velocity(noise, sigmas[:1].expand(len(noise)), cond, guidance)
         ddim = {"step_kind": "ddim"} if policy.prediction == "epsilon" else {}  # the method's own ODE is then DDIM's
-        final = FlowGRPO(policy, guidance_scale=guidance, **ddim).final_latents(cond, seeds, steps)
+        final = FlowGRPO(policy, guidance_scale=guidance, **ddim).generation.final_latents(cond, seeds, steps)
     return {"encode": encode, "sigmas": gap(sigmas, case.sigmas(pipe)),
             "velocity": gap(case.pack(policy, velocity), outputs[0]),
             "sample": gap(case.pack(policy, final), seen["latents"])}

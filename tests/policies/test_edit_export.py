@@ -63,7 +63,8 @@ def test_exported_lora_and_merged_pipeline_reproduce_the_adapters_edits(family, 
         for p in policy.trainable_parameters():
             p.add_(0.05 * torch.randn_like(p))
     sources = source_images(2, size=(3, 32, 32))  # at the source size already: the pipelines keep them as given
-    ours = FlowGRPO(policy, guidance_scale=GUIDANCE).generate(EDITS, SEEDS, STEPS, images=[[s] for s in sources])
+    generation = FlowGRPO(policy, guidance_scale=GUIDANCE).generation
+    ours = generation.generate(EDITS, SEEDS, STEPS, images=[[s] for s in sources])
     export_lora(policy, tmp_path / "lora")
     pipeline_class = FAMILIES[family][1]
     pipe = pipeline_class.from_pretrained(model_dir)

@@ -49,7 +49,7 @@ def model_dir(request, sd3_dir, flux_dir):
 def test_exported_lora_and_merged_pipeline_reproduce_the_adapters_ode_sample(family, model_dir, tmp_path):
     policy = trained_policy(family, model_dir)
     _, pipeline_class, guidance = FAMILIES[family]
-    ours = FlowGRPO(policy, guidance_scale=guidance).generate(PROMPTS, SEEDS, STEPS)
+    ours = FlowGRPO(policy, guidance_scale=guidance).generation.generate(PROMPTS, SEEDS, STEPS)
     export_lora(policy, tmp_path / "lora")
     pipe = pipeline_class.from_pretrained(model_dir)
     base = pipeline_images(family, pipe, policy)
@@ -108,7 +108,8 @@ def test_sd15_lora_and_merged_exports_reproduce_the_adapters_ddim_sample(tmp_pat
     with torch.no_grad():
         for p in policy.trainable_parameters():
             p.add_(0.05 * torch.randn_like(p))
-    ours = FlowGRPO(policy, step_kind="ddim", noise_level=1.0, guidance_scale=3.0).generate(PROMPTS, SEEDS, STEPS)
+    generation = FlowGRPO(policy, step_kind="ddim", noise_level=1.0, guidance_scale=3.0).generation
+    ours = generation.generate(PROMPTS, SEEDS, STEPS)
     start = seeded_noise(SEEDS, policy.latent_shape(), 1)[:, 0]
 
     def images(pipe):  # DDIM with eta 0 from the sampler's start latents: the ODE sample

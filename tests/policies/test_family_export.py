@@ -50,7 +50,7 @@ def test_exported_lora_and_merged_pipeline_reproduce_the_adapters_ode_sample(fam
     with torch.no_grad():  # stand-in for training: move every trained weight
         for p in policy.trainable_parameters():
             p.add_(0.05 * torch.randn_like(p))
-    ours = FlowGRPO(policy, guidance_scale=GUIDANCE).generate(PROMPTS, SEEDS, STEPS)
+    ours = FlowGRPO(policy, guidance_scale=GUIDANCE).generation.generate(PROMPTS, SEEDS, STEPS)
     export_lora(policy, tmp_path / "lora")
     pipe = pipeline_class.from_pretrained(model_dir)
     base = images(pipe, family, policy)

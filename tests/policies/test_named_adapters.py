@@ -94,7 +94,7 @@ def test_export_writes_the_named_adapter_and_refuses_to_guess(sd3_dir, tmp_path)
     with pytest.raises(ValueError, match=r"trains the adapters \['default', 'other'\]: name the one to export"):
         export_lora(policy, tmp_path / "guess")
     with policy.adapter("other"):
-        ours = FlowGRPO(policy, guidance_scale=3.0).generate(PROMPTS, SEEDS, STEPS)
+        ours = FlowGRPO(policy, guidance_scale=3.0).generation.generate(PROMPTS, SEEDS, STEPS)
     export_lora(policy, tmp_path / "other", adapter="other")
     pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir)
     pipe.load_lora_weights(tmp_path / "other")

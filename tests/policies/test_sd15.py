@@ -56,7 +56,7 @@ def test_ode_sample_equals_the_diffusers_pipeline(sd15_dir):
     policy = sd15(sd15_dir, lora=None, vae_chunk_size=1)
     loop = FlowGRPO(policy, step_kind="ddim", noise_level=1.0, guidance_scale=3.0)
     seeds, prompts = torch.tensor([4, 9]), ["a red cat", "a green tree"]
-    images = loop.generate(prompts, seeds, num_steps=4)
+    images = loop.generation.generate(prompts, seeds, num_steps=4)
     start = seeded_noise(seeds, (4, 16, 16), 5)[:, 0]  # the sampler's start latents
     want = ddim_pipeline(sd15_dir)(prompts, height=32, width=32, num_inference_steps=4, guidance_scale=3.0,
                                    eta=0.0, latents=start, output_type="pt").images

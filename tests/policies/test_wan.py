@@ -99,8 +99,9 @@ def test_generate_steps_the_folders_unipc_as_the_pipeline(wan_dirs):
     ours = solver_sample(velocity, SEEDS, policy.sigmas(6), policy.latent_shape(), policy.solver())
     torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
     assert (ode_sample(policy, 6, 4.0) - want).abs().max() > 1e-2  # Euler on UniPC's grid: what flowrl did before
-    video = FlowGRPO(policy, guidance_scale=4.0).generate(PROMPTS, SEEDS, 6)  # twice: a fresh solver each time
-    torch.testing.assert_close(FlowGRPO(policy, guidance_scale=4.0).generate(PROMPTS, SEEDS, 6), video)
+    # twice: a fresh solver each time
+    video = FlowGRPO(policy, guidance_scale=4.0).generation.generate(PROMPTS, SEEDS, 6)
+    torch.testing.assert_close(FlowGRPO(policy, guidance_scale=4.0).generation.generate(PROMPTS, SEEDS, 6), video)
     torch.testing.assert_close(video, pipe_call(pipe, policy, 6, 4.0, output_type="pt", guidance_scale_2=2.0),
                                atol=1e-5, rtol=1e-5)
 

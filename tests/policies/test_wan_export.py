@@ -34,7 +34,7 @@ def load_exported(pipe, folder):
 def test_both_experts_lora_and_merged_pipeline_reproduce_the_adapters_ode_video(wan_dirs, tmp_path):
     path = wan_dirs["wan22_euler"]
     policy = trained(path)
-    ours = FlowGRPO(policy, guidance_scale=GUIDANCE).generate(PROMPTS, SEEDS, STEPS)
+    ours = FlowGRPO(policy, guidance_scale=GUIDANCE).generation.generate(PROMPTS, SEEDS, STEPS)
     export_lora(policy, tmp_path / "lora")
     assert sorted(p.name for p in (tmp_path / "lora").iterdir()) == ["pytorch_lora_weights.safetensors", SECOND]
     base = pipe_call(WanPipeline.from_pretrained(path), policy, STEPS, GUIDANCE, output_type="pt")
@@ -44,7 +44,7 @@ def test_both_experts_lora_and_merged_pipeline_reproduce_the_adapters_ode_video(
     torch.testing.assert_close(with_lora, ours, atol=1e-5, rtol=1e-4)
     fresh = wan(path)
     load_lora(fresh, tmp_path / "lora")
-    again = FlowGRPO(fresh, guidance_scale=GUIDANCE).generate(PROMPTS, SEEDS, STEPS)
+    again = FlowGRPO(fresh, guidance_scale=GUIDANCE).generation.generate(PROMPTS, SEEDS, STEPS)
     torch.testing.assert_close(again, ours, atol=1e-5, rtol=1e-4)
     export_pipeline(policy, tmp_path / "merged")
     merged = pipe_call(WanPipeline.from_pretrained(tmp_path / "merged"), policy, STEPS, GUIDANCE, output_type="pt")
@@ -54,7 +54,7 @@ def test_both_experts_lora_and_merged_pipeline_reproduce_the_adapters_ode_video(
 def test_one_trained_expert_exports_its_file_only(wan_dirs, tmp_path):
     path = wan_dirs["wan22_euler"]
     policy = trained(path, trained_experts=["transformer_2"])
-    ours = FlowGRPO(policy, guidance_scale=GUIDANCE).generate(PROMPTS, SEEDS, STEPS)
+    ours = FlowGRPO(policy, guidance_scale=GUIDANCE).generation.generate(PROMPTS, SEEDS, STEPS)
     export_lora(policy, tmp_path / "lora")
     assert [p.name for p in (tmp_path / "lora").iterdir()] == [SECOND]
     with_lora = pipe_call(load_exported(WanPipeline.from_pretrained(path), tmp_path / "lora"), policy, STEPS,
