@@ -72,11 +72,10 @@ def context_parallel_problems(policy: Any, degree: int, attention: str, world: O
     if world is not None and world % degree:
         problems.append(f"{key}context_parallel_size={degree} does not divide the {world} processes; set it to a "
                         f"divisor of {world} (each group of {degree} processes splits one clip)")
-    kind = getattr(policy, "denoiser_kind", type(policy).__name__)
-    cls = _denoiser_class(policy)
+    kind, cls = getattr(policy, "denoiser_kind", ""), _denoiser_class(policy)
     if cls is None or getattr(cls, "_cp_plan", None) is None:
-        return problems + [f"{key}context_parallel_size={degree}: the {kind} denoiser of {type(policy).__name__} has "
-                           "no context-parallel plan in diffusers (`_cp_plan`); set context_parallel_size: 1 (FSDP2 "
+        return problems + [f"{key}context_parallel_size={degree}: {type(policy).__name__}'s denoiser "
+                           f"({cls.__name__ if cls else kind or 'unknown'}) has no context-parallel plan in diffusers (`_cp_plan`); set context_parallel_size: 1 (FSDP2 "
                            "alone), or use a family that has one (Wan)"]
     if kind not in SEQUENCES:
         return problems + [f"{key}context_parallel_size={degree}: flowrl does not yet split {type(policy).__name__}'s "
@@ -139,7 +138,7 @@ def enable_context_parallel(policy: Any, mesh, attention: str, backend: Optional
     from diffusers import ContextParallelConfig
 
     degree = mesh["ring"].size() * mesh["ulysses"].size()
-    models = cp_models(policy.denoiser)
+    models = [m for m in cp_models(policy.denoiser) if m._parallel_config is None]  # configure_model runs again
     for model in models:
         if backend is not None:
             model.set_attention_backend(backend)
@@ -172,3 +171,20 @@ def _cpu_device_count() -> Iterator[None]:
         yield
     finally:
         torch.accelerator.device_count = count
+
+
+def context_parallel_run_problems(policy: Any, options: dict, world: Optional[int]) -> list[str]:
+    """The problems of a trainer run whose FSDP2 strategy has ``options`` (``context_parallel_size``,
+    ``context_parallel_attention``) with the built ``policy`` (None: the method could not be built) on ``world``
+    processes: :func:`context_parallel_problems`, and the loop's own limit.
+
+    The loop hands every process its own rows (``flowrl.data``, the gathers of ``flowrl.methods.distributed``);
+    the processes of a context-parallel group must instead share one batch and count once in the gathered one, which
+    the loop does not do yet: a run is refused rather than trained on duplicated rows.
+    """
+    degree, attention = int(options["context_parallel_size"]), options.get("context_parallel_attention", "ulysses")
+    problems = [] if policy is None else context_parallel_problems(policy, degree, attention, world)
+    return problems + [f"trainer.strategy.context_parallel_size={degree}: flowrl's training loop does not yet give "
+                       "the processes of a context-parallel group one batch (each process draws its own rows); "
+                       "use context_parallel_size: 1 for fit / validate / predict. The split denoiser itself is "
+                       "ready (flowrl.strategies.context_parallel.enable_context_parallel, docs/scaling-out.md)"]

@@ -34,3 +34,39 @@ def test_ulysses_on_two_cpu_processes_equals_one(wan_dirs, tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="ring attention needs 2 GPUs (a backend with log-sum-exp)")
 def test_ring_on_two_gpus_equals_one(wan_dirs, tmp_path):
     split_equals_one(wan_dirs["wan21"], tmp_path, "ring", "_native_cudnn", {"rtol": 2e-2, "atol": 2e-3})
+
+
+def built_wan(folder, **kw):
+    from flowrl.policies import LoraOptions, WanPolicy
+    from tests.policies.tiny_wan import FRAMES, SIZE
+
+    return WanPolicy(folder, **{"lora": LoraOptions(rank=4), "height": SIZE, "width": SIZE, "num_frames": FRAMES,
+                                "max_sequence_length": 16, **kw})
+
+
+def test_the_split_sequence_is_the_clips_patch_tokens(wan_dirs, refuse_weights):
+    from flowrl.strategies.context_parallel import split_sequence
+
+    # 9 frames at 32 x 32 px: latents of 3 frames (4x temporal) of 4 x 4 (8x spatial), patches 1 x 2 x 2: 3 x 2 x 2
+    assert split_sequence(built_wan(wan_dirs["wan21"])) == (12, 2)
+    assert split_sequence(built_wan(wan_dirs["wan21"], num_frames=17, height=64)) == (5 * 4 * 2, 2)
+
+
+def test_bad_degrees_and_families_are_refused_before_loading(wan_dirs, sd3_dir, flux_dir, refuse_weights):
+    from flowrl.policies import FluxPolicy, SD3Policy
+    from flowrl.strategies.context_parallel import context_parallel_problems
+
+    wan = built_wan(wan_dirs["wan21"])
+    assert context_parallel_problems(wan, 2, "ulysses", 2) == context_parallel_problems(wan, 2, "ring", 4) == []
+    assert context_parallel_problems(wan, 1, "anything", 3) == []  # 1: no context parallelism
+    three = "\n".join(context_parallel_problems(wan, 3, "ulysses", 2))
+    assert "does not divide the 2 processes" in three and "2 attention heads" in three and "patch tokens" not in three
+    assert context_parallel_problems(wan, 3, "ring", 3) == []  # ring splits no heads; 3 divides 12 tokens
+    # 13 frames: 4 latent frames x 2 x 2 = 16 tokens, which 8 divides (12 do not)
+    assert context_parallel_problems(built_wan(wan_dirs["wan21"], num_frames=13), 8, "ring", 8) == []
+    assert "the clip's 12 patch tokens" in "\n".join(context_parallel_problems(wan, 8, "ring", 8))
+    assert "choose among ['ulysses', 'ring']" in context_parallel_problems(wan, 2, "rings", 2)[0]
+    (sd3,) = context_parallel_problems(SD3Policy(sd3_dir), 2, "ulysses", 2)
+    assert "no context-parallel plan in diffusers (`_cp_plan`)" in sd3 and "context_parallel_size: 1" in sd3
+    (flux,) = context_parallel_problems(FluxPolicy(flux_dir), 2, "ulysses", 2)
+    assert "does not yet split FluxPolicy's sequence" in flux
