@@ -20,10 +20,10 @@ from tests.policies.tiny_wan import FRAMES, SIZE
 GUIDANCE = 4.0
 
 
-def policy(folder: str) -> WanPolicy:
+def policy(folder: str, autocast: Optional[str] = None) -> WanPolicy:
     torch.manual_seed(0)  # every process builds the same LoRA, as the CLI seeds them alike
     return WanPolicy(folder, lora=LoraOptions(rank=4, alpha=8), height=SIZE, width=SIZE, num_frames=FRAMES,
-                     max_sequence_length=16).load()
+                     max_sequence_length=16, autocast=autocast).load()
 
 
 def clip_pass(wan: WanPolicy) -> dict:
@@ -32,8 +32,10 @@ def clip_pass(wan: WanPolicy) -> dict:
     generator = torch.Generator().manual_seed(7)
     z = torch.randn(1, *wan.latent_shape(), generator=generator)
     z_next = z + 0.1 * torch.randn(z.shape, generator=generator)  # a recorded next latent, as the PPO update reads
+    device = next(wan.denoiser.parameters()).device
+    z, z_next = z.to(device), z_next.to(device)
     sigmas = wan.sigmas(4)
-    sigma, sigma_next = sigmas[1:2], sigmas[2:3]
+    sigma, sigma_next = sigmas[1:2].to(device), sigmas[2:3].to(device)
     cond = wan.encode(["a red ball rolls"])
     v = wan.velocity(z, sigma, cond, GUIDANCE)
     step = flow_grpo_step(z, v, sigma, sigma_next, z_next=z_next)
@@ -54,7 +56,8 @@ def run_rank(rank: int, folder: str, port: int, out: str, attention: str, backen
     dist.init_process_group("nccl" if backend else "gloo", rank=rank, world_size=2)
     if backend:
         torch.cuda.set_device(rank)
-    wan = policy(folder).to(device)
+    # a GPU's ring backends (cuDNN, flash) take bf16 / fp16 only: both passes then run under bf16 autocast
+    wan = policy(folder, "bfloat16" if backend else None).to(device)
     one = clip_pass(wan)
     wan.denoiser.zero_grad(set_to_none=True)
     mesh = context_parallel_mesh(device, 2, 2, attention)
