@@ -46,7 +46,8 @@ def one_pass(policy, guidance: float = 4.5):
 def measure_rank(rank: int, path: str, port: int, frames: list[int], size: int, out: str) -> None:
     """Process ``rank`` of 2: for each frame count and checkpointing setting, the pass's saved bytes as one process,
     then with the clip split; written to ``out/rank<r>.pt``."""
-    from flowrl.strategies.context_parallel import context_parallel_mesh, enable_context_parallel
+    from flowrl.policies.context_parallel import enable_context_parallel
+    from flowrl.strategies.context_parallel import context_parallel_mesh
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -58,7 +59,7 @@ def measure_rank(rank: int, path: str, port: int, frames: list[int], size: int, 
             policy = wan_policy(path, n, size, checkpointing=checkpointing)
             weights = list(policy.parameters())
             whole = saved_bytes(lambda: one_pass(policy), weights)
-            enable_context_parallel(policy, mesh, "ulysses")
+            enable_context_parallel(policy, mesh)
             split = saved_bytes(lambda: one_pass(policy), weights)
             rows.append({"frames": n, "checkpointing": checkpointing, "latents": tuple(policy.latent_shape()),
                          "whole": whole, "split": split})

@@ -1,111 +1,26 @@
-"""Context parallelism: one long clip's tokens split over a group of processes, from diffusers' own support.
+"""Context parallelism beside FSDP2: the one device mesh, the gradient sum, and what a run with it must satisfy.
 
-A denoiser class with a ``_cp_plan`` (``WanTransformer3DModel``'s: split the patch tokens before the first block and
-the rotary embedding's output along the sequence, gather the sequence after ``proj_out``) runs under
-``ModelMixin.enable_parallelism(config=ContextParallelConfig(...))``: each process of a context-parallel group holds
-``tokens / degree`` of the sequence through every block, and attention, the one place where tokens meet, exchanges
-them inside diffusers' templated attention:
+:class:`~flowrl.strategies.fsdp2.FSDP2Strategy` with ``context_parallel_size > 1`` builds one mesh,
+``("replica", "ring", "ulysses")`` (:func:`context_parallel_mesh`): a group of ``degree`` consecutive processes
+splits one clip along the attention's dimension (diffusers' ``ContextParallelConfig`` reads ``ring`` and
+``ulysses``; :mod:`flowrl.policies.context_parallel`), and FSDP2 shards every weight over all three flattened
+(:func:`sharding_mesh`), each process one shard as without context parallelism.
 
-- **Ulysses** (``ulysses_degree``): an all-to-all turns the sequence split into a head split before attention and
-  back after it (``attention_dispatch.TemplatedUlyssesAttention``). It runs on diffusers' ``native`` backend (torch's
-  ``scaled_dot_product_attention``), so on CPU processes over gloo too, which is how the tests check it. The heads
-  must divide by the degree.
-- **Ring** (``ring_degree``): every process keeps its queries and meets the others' keys and values one chunk at a
-  time, merging partial results through their log-sum-exp (``TemplatedRingAttention``). The native backend returns
-  no log-sum-exp (``ValueError: Native attention does not support return_lse=True``), so ring attention needs a GPU
-  backend (``flash``, ``_native_cudnn``, ``_native_flash``, ``sage``); its test is ``gpu``-marked.
-
-The output is gathered whole on every process of the group, so the velocity, the log-probabilities and the loss are
-the same there as on one process. The backward of the gather keeps each process's slice of the gradient, so a
-weight's gradient on one process is its tokens' share, and the sum over the group is the whole gradient: FSDP2's
-reduce-scatter over every process makes that sum when its divide factor is the number of data-parallel replicas
-(``world / degree``) instead of the number of processes (:func:`enable_context_parallel`).
-
-The context-parallel group and FSDP2 share one device mesh (:func:`context_parallel_mesh`): dimensions
-``("replica", "ring", "ulysses")``, the ones diffusers' config reads, and FSDP2 shards every weight over all of them
-flattened (each process one shard, as without context parallelism).
+A weight's gradient on a process of a group is its tokens' share, so the whole gradient is the sum over the group:
+FSDP2's reduce-scatter over every process makes it when its divide factor is the number of replicas
+(``world / degree``), not the number of processes (:func:`split_for_strategy`).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-import torch
-from torch import nn
-
-ATTENTIONS = ("ulysses", "ring")
-#: diffusers' attention backends that can run ring attention (they return the log-sum-exp); all need a GPU
-RING_BACKENDS = ("flash", "_native_cudnn", "_native_flash", "sage")
-#: the flowrl policies whose sequence split is known before loading: ``denoiser_kind`` -> the split sequence
-#: (see :func:`split_sequence`); a family with a diffusers ``_cp_plan`` but no entry here is refused, not guessed
-SEQUENCES = {"WanExperts": "video_patches"}
-
-
-def split_sequence(policy: Any) -> tuple[int, int]:
-    """``(tokens, heads)`` of the sequence ``policy``'s denoiser splits under context parallelism, from its configs:
-    Wan's patch tokens (latent frames x patch rows x patch columns; the text is not split) and attention heads.
-
-    >>> from types import SimpleNamespace
-    >>> wan = SimpleNamespace(latent_shape=lambda: (16, 21, 60, 104),
-    ...                       denoiser_config={"patch_size": (1, 2, 2), "num_attention_heads": 12})
-    >>> split_sequence(wan)  # Wan 2.1 1.3B, 81 frames at 480 x 832: 21 x 30 x 52
-    (32760, 12)
-    """
-    config = policy.denoiser_config
-    _, frames, height, width = policy.latent_shape()
-    p_t, p_h, p_w = config["patch_size"]
-    return (frames // p_t) * (height // p_h) * (width // p_w), int(config["num_attention_heads"])
-
-
-def context_parallel_problems(policy: Any, degree: int, attention: str, world: Optional[int],
-                              key: str = "trainer.strategy.") -> list[str]:
-    """Why ``policy`` (built, not loaded) cannot split its clip over ``degree`` processes with ``attention`` among
-    ``world`` processes (None: not known yet), each naming the option and a fix; empty when it can."""
-    if degree == 1:
-        return []
-    problems = []
-    if attention not in ATTENTIONS:
-        problems.append(f"{key}context_parallel_attention={attention!r}: choose among {list(ATTENTIONS)}")
-    if degree < 1:
-        return problems + [f"{key}context_parallel_size={degree} must be >= 1 (1: no context parallelism)"]
-    if world is not None and world % degree:
-        problems.append(f"{key}context_parallel_size={degree} does not divide the {world} processes; set it to a "
-                        f"divisor of {world} (each group of {degree} processes splits one clip)")
-    kind, cls = getattr(policy, "denoiser_kind", ""), _denoiser_class(policy)
-    if cls is None or getattr(cls, "_cp_plan", None) is None:
-        return problems + [f"{key}context_parallel_size={degree}: {type(policy).__name__}'s denoiser "
-                           f"({cls.__name__ if cls else kind or 'unknown'}) has no context-parallel plan in diffusers (`_cp_plan`); set context_parallel_size: 1 (FSDP2 "
-                           "alone), or use a family that has one (Wan)"]
-    if kind not in SEQUENCES:
-        return problems + [f"{key}context_parallel_size={degree}: flowrl does not yet split {type(policy).__name__}'s "
-                           f"sequence (it splits {sorted(SEQUENCES)}); set context_parallel_size: 1"]
-    tokens, heads = split_sequence(policy)
-    if tokens % degree:
-        problems.append(f"{key}context_parallel_size={degree} does not divide the clip's {tokens} patch tokens "
-                        "(latent frames x patch rows x patch columns); change policy.num_frames / height / width "
-                        f"or the degree to a divisor of {tokens}")
-    if attention == "ulysses" and heads % degree:
-        problems.append(f"{key}context_parallel_size={degree} with ulysses attention does not divide the model's "
-                        f"{heads} attention heads (each process attends with heads / degree); use a divisor of "
-                        f"{heads}, or context_parallel_attention: ring (GPU)")
-    return problems
-
-
-def _denoiser_class(policy: Any) -> Optional[type]:
-    """The diffusers class of ``policy``'s denoiser (Wan's experts are two of one class), None when unknown."""
-    import diffusers
-
-    from flowrl.policies.skeleton import DENOISER_CLASSES
-
-    kind = getattr(policy, "denoiser_kind", "")
-    return getattr(diffusers, DENOISER_CLASSES.get(kind, kind), None) if kind else None
+from flowrl.policies.context_parallel import context_parallel_problems, enable_context_parallel
 
 
 def context_parallel_mesh(device_type: str, world: int, degree: int, attention: str):
-    """The one ``DeviceMesh`` of context parallelism and FSDP2: ``("replica", "ring", "ulysses")``, a group of
-    ``degree`` consecutive processes splitting one clip along ``attention``'s dimension (the other of size 1), as
-    many groups as ``world / degree``; FSDP2 shards over all three flattened (:func:`sharding_mesh`)."""
+    """The one ``DeviceMesh`` of context parallelism and FSDP2 (see the module docstring): ``world / degree``
+    replicas of a ``degree``-process group along ``attention``'s dimension (the other of size 1)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     ring, ulysses = (degree, 1) if attention == "ring" else (1, degree)
@@ -119,36 +34,13 @@ def sharding_mesh(mesh):
     return mesh["replica", "ring", "ulysses"]._flatten("shard")
 
 
-def cp_models(denoiser: nn.Module) -> list[nn.Module]:
-    """The diffusers models inside ``denoiser`` that carry a ``_cp_plan`` (a Wan denoiser's experts and their full
-    fine-tuning reference copies, or the denoiser itself), outermost first."""
-    return [m for m in denoiser.modules() if getattr(type(m), "_cp_plan", None) is not None]
-
-
-def enable_context_parallel(policy: Any, mesh, attention: str, backend: Optional[str] = None) -> list[nn.Module]:
-    """Split ``policy``'s denoiser's sequence over ``mesh``'s ring and ulysses dimensions with diffusers'
-    ``enable_parallelism``, on its loaded (and, under FSDP2, sharded) models, after their LoRA adapters exist (the
-    plan's hooks must sit on the adapted ``proj_out``). FSDP2's gradient reduction then divides by the replicas, not
-    by the processes (see the module docstring). Returns the models it enabled.
-
-    Args:
-        backend: diffusers' attention backend (``set_attention_backend``); None keeps the model's (``native``),
-            which runs Ulysses only; ring attention needs one of :data:`RING_BACKENDS`.
-    """
-    from diffusers import ContextParallelConfig
-
-    degree = mesh["ring"].size() * mesh["ulysses"].size()
-    models = [m for m in cp_models(policy.denoiser) if m._parallel_config is None]  # configure_model runs again
-    for model in models:
-        if backend is not None:
-            model.set_attention_backend(backend)
-        config = ContextParallelConfig(ring_degree=mesh["ring"].size(), ulysses_degree=mesh["ulysses"].size(),
-                                       mesh=mesh)
-        with _cpu_device_count():
-            model.enable_parallelism(config=config)
-    replicas = mesh.size() // degree
+def split_for_strategy(policy: Any, mesh, backend: Optional[str] = None) -> list:
+    """Split ``policy``'s loaded, adapted and sharded denoiser over ``mesh``'s context-parallel group, and make
+    FSDP2's gradient reduction the sum over the group averaged over the replicas. Returns the split models."""
     from torch.distributed.fsdp import FSDPModule
 
+    models = enable_context_parallel(policy, mesh, backend)
+    replicas = mesh["replica"].size()
     for module in policy.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(float(replicas))
@@ -157,26 +49,10 @@ def enable_context_parallel(policy: Any, mesh, attention: str, backend: Optional
     return models
 
 
-@contextmanager
-def _cpu_device_count() -> Iterator[None]:
-    """diffusers 0.42.1's ``_resolve_parallel_config`` places the config on device
-    ``rank % torch.accelerator.device_count()``, a ZeroDivisionError on a machine without an accelerator: there,
-    within this context, the CPU counts as one device (the config's device is then ``cpu``, which it is)."""
-    if torch.accelerator.device_count() > 0:
-        yield
-        return
-    count = torch.accelerator.device_count
-    torch.accelerator.device_count = lambda: 1
-    try:
-        yield
-    finally:
-        torch.accelerator.device_count = count
-
-
 def context_parallel_run_problems(policy: Any, options: dict, world: Optional[int]) -> list[str]:
     """The problems of a trainer run whose FSDP2 strategy has ``options`` (``context_parallel_size``,
     ``context_parallel_attention``) with the built ``policy`` (None: the method could not be built) on ``world``
-    processes: :func:`context_parallel_problems`, and the loop's own limit.
+    processes: the policy's (:func:`~flowrl.policies.context_parallel.context_parallel_problems`), and the loop's.
 
     The loop hands every process its own rows (``flowrl.data``, the gathers of ``flowrl.methods.distributed``);
     the processes of a context-parallel group must instead share one batch and count once in the gathered one, which
@@ -187,4 +63,4 @@ def context_parallel_run_problems(policy: Any, options: dict, world: Optional[in
     return problems + [f"trainer.strategy.context_parallel_size={degree}: flowrl's training loop does not yet give "
                        "the processes of a context-parallel group one batch (each process draws its own rows); "
                        "use context_parallel_size: 1 for fit / validate / predict. The split denoiser itself is "
-                       "ready (flowrl.strategies.context_parallel.enable_context_parallel, docs/scaling-out.md)"]
+                       "ready (flowrl.strategies.context_parallel.split_for_strategy, docs/scaling-out.md)"]

@@ -30,7 +30,7 @@ from flowrl.checkpoints.atomic import commit, link, partial_path, remove_path, s
 from flowrl.checkpoints.sharded import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
                                         split_sharded)
 from flowrl.policies.sharding import shard_policy
-from flowrl.strategies.context_parallel import context_parallel_mesh, enable_context_parallel, sharding_mesh
+from flowrl.strategies.context_parallel import context_parallel_mesh, sharding_mesh, split_for_strategy
 from flowrl.strategies.sharded_load import load_into_shards
 
 NAME = "fsdp2"
@@ -232,8 +232,7 @@ def load_for_strategy(strategy, module) -> list[str]:
         sharded = load_into_shards(module.policy, module.load_weights, mesh,
                                    getattr(strategy, "reshard_after_forward", True))
     if getattr(strategy, "context_parallel_mesh", None) is not None:  # on the loaded, adapted and sharded models
-        enable_context_parallel(module.policy, strategy.context_parallel_mesh, strategy.context_parallel_attention,
-                                strategy.attention_backend)
+        split_for_strategy(module.policy, strategy.context_parallel_mesh, strategy.attention_backend)
     return sharded
 
 

@@ -10,7 +10,9 @@ from tests.policies.wan_cp_ranks import run_rank
 
 
 def split_equals_one(folder: str, out, attention: str, backend=None, tolerance: dict = None) -> None:
-    torch.multiprocessing.spawn(run_rank, args=(folder, free_port(), str(out), attention, backend), nprocs=2)
+    # fork on CPU: the processes start with diffusers and flowrl imported (spawn re-imports them, ~12 s of CPU each)
+    torch.multiprocessing.start_processes(run_rank, args=(folder, free_port(), str(out), attention, backend),
+                                          nprocs=2, start_method="spawn" if backend else "fork")
     ranks = [torch.load(out / f"rank{r}.pt") for r in (0, 1)]
     tolerance = tolerance or {"rtol": 1e-5, "atol": 1e-6}
     for r in ranks:
@@ -45,7 +47,7 @@ def built_wan(folder, **kw):
 
 
 def test_the_split_sequence_is_the_clips_patch_tokens(wan_dirs, refuse_weights):
-    from flowrl.strategies.context_parallel import split_sequence
+    from flowrl.policies.context_parallel import split_sequence
 
     # 9 frames at 32 x 32 px: latents of 3 frames (4x temporal) of 4 x 4 (8x spatial), patches 1 x 2 x 2: 3 x 2 x 2
     assert split_sequence(built_wan(wan_dirs["wan21"])) == (12, 2)
@@ -54,7 +56,7 @@ def test_the_split_sequence_is_the_clips_patch_tokens(wan_dirs, refuse_weights):
 
 def test_bad_degrees_and_families_are_refused_before_loading(wan_dirs, sd3_dir, flux_dir, refuse_weights):
     from flowrl.policies import FluxPolicy, SD3Policy
-    from flowrl.strategies.context_parallel import context_parallel_problems
+    from flowrl.policies.context_parallel import context_parallel_problems
 
     wan = built_wan(wan_dirs["wan21"])
     assert context_parallel_problems(wan, 2, "ulysses", 2) == context_parallel_problems(wan, 2, "ring", 4) == []

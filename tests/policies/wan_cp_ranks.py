@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from flowrl.policies import LoraOptions, WanPolicy
 from flowrl.sampling.steps import flow_grpo_step
-from flowrl.strategies.context_parallel import context_parallel_mesh, enable_context_parallel, sharding_mesh
+from flowrl.strategies.context_parallel import context_parallel_mesh, sharding_mesh, split_for_strategy
 from tests.policies.tiny_wan import FRAMES, SIZE
 
 GUIDANCE = 4.0
@@ -62,7 +62,7 @@ def run_rank(rank: int, folder: str, port: int, out: str, attention: str, backen
     wan.denoiser.zero_grad(set_to_none=True)
     mesh = context_parallel_mesh(device, 2, 2, attention)
     shard_policy(wan, sharding_mesh(mesh))
-    models = enable_context_parallel(wan, mesh, attention, backend)
+    models = split_for_strategy(wan, mesh, backend)
     split = clip_pass(wan)
     divide = [m._get_fsdp_state()._fsdp_param_groups[0].gradient_divide_factor for m in wan.modules()
               if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_groups]
