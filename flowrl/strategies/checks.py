@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from flowrl.checkpoints.sharded import is_sharded_checkpoint
+from flowrl.strategies.context_parallel import context_parallel_run_problems
 
 FSDP2_CLASSES = ("FSDP2Strategy", "ModelParallelStrategy")
 DEEPSPEED_FIX = "pip install 'flowrl[deepspeed]'"
@@ -47,6 +48,9 @@ def strategy_kind(strategy: Any) -> tuple[str, dict]:
         names = [k.__name__ for k in type(strategy).__mro__]
         name = next((n for n in names if n in (*FSDP2_CLASSES, "FSDPStrategy", "DeepSpeedStrategy")), names[0])
         options = {"tensor_parallel_size": getattr(strategy, "_tensor_parallel_size", 1)}
+        if getattr(strategy, "context_parallel_size", 1) != 1:  # flowrl's FSDP2Strategy splitting one clip
+            options.update(context_parallel_size=strategy.context_parallel_size,
+                           context_parallel_attention=strategy.context_parallel_attention)
         if isinstance(config := getattr(strategy, "config", None), dict):  # DeepSpeed's, stage in zero_optimization
             options["config"] = config
     if name == "fsdp2" or name in FSDP2_CLASSES:
@@ -97,6 +101,8 @@ def strategy_problems(trainer: Any, module: Any, data: Any, ckpt: Optional[str] 
     if kind == "fsdp2" and int(options.get("tensor_parallel_size", 1)) != 1:
         problems.append("trainer.strategy: flowrl shards with FSDP2 over data-parallel ranks only; set "
                         "tensor_parallel_size: 1 (or use --trainer.strategy=fsdp2)")
+    if kind == "fsdp2" and int(options.get("context_parallel_size", 1)) != 1:
+        problems += context_parallel_run_problems(getattr(module, "policy", None), options, world)
     if kind == "fsdp2" or (kind == "deepspeed" and options.get("stage") == 3):
         try:
             prompts = len(load_prompts(data.val_source)) if data.val_source is not None else 0

@@ -30,6 +30,7 @@ from flowrl.checkpoints.atomic import commit, link, partial_path, remove_path, s
 from flowrl.checkpoints.sharded import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
                                         split_sharded)
 from flowrl.policies.sharding import shard_policy
+from flowrl.strategies.context_parallel import context_parallel_mesh, sharding_mesh, split_for_strategy
 from flowrl.strategies.sharded_load import load_into_shards
 
 NAME = "fsdp2"
@@ -47,17 +48,27 @@ class FSDP2Strategy(ModelParallelStrategy):
             model's size in float32 for full fine-tuning, where this option keeps gradients at 1/N per rank.
         save_distributed_checkpoint: each rank writes its shards into a checkpoint folder (False: rank zero writes
             one file with every weight gathered).
+        context_parallel_size: processes that split one clip's tokens (diffusers' context parallelism,
+            :mod:`flowrl.strategies.context_parallel`); 1: none. The weights stay sharded over every process.
+        context_parallel_attention: ``ulysses`` (all-to-all; CPU or GPU) or ``ring`` (GPU attention backends only).
+        attention_backend: diffusers' attention backend of the split denoiser (None: its own, ``native``; ring
+            attention needs e.g. ``_native_cudnn`` or ``flash``).
         data_parallel_size, tensor_parallel_size, process_group_backend, timeout: ``ModelParallelStrategy``'s;
             ``data_parallel_size="auto"`` is every process.
     """
 
     def __init__(self, reshard_after_forward: bool = True, reduce_every_micro_batch: bool = False,
                  save_distributed_checkpoint: bool = True, data_parallel_size: Any = "auto",
-                 tensor_parallel_size: int = 1, process_group_backend: Optional[str] = None, **kwargs: Any):
+                 tensor_parallel_size: int = 1, process_group_backend: Optional[str] = None,
+                 context_parallel_size: int = 1, context_parallel_attention: str = "ulysses",
+                 attention_backend: Optional[str] = None, **kwargs: Any):
         super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size,
                          save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, **kwargs)
         self.reshard_after_forward, self.reduce_every_micro_batch = reshard_after_forward, reduce_every_micro_batch
+        self.context_parallel_size, self.context_parallel_attention = context_parallel_size, context_parallel_attention
+        self.attention_backend = attention_backend
+        self.context_parallel_mesh = None  # built with the process group (setup_environment)
 
     def setup_environment(self) -> None:
         # ModelParallelStrategy's "auto" is one data-parallel rank per node (tensor parallelism within a node);
@@ -65,6 +76,10 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes // self._tensor_parallel_size
         super().setup_environment()
+        if self.context_parallel_size > 1:
+            self.context_parallel_mesh = context_parallel_mesh(self.root_device.type, self.world_size,
+                                                               self.context_parallel_size,
+                                                               self.context_parallel_attention)
 
     def _fsdp_modules(self) -> list:
         from torch.distributed.fsdp import FSDPModule
@@ -133,7 +148,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         if path.is_file():  # one file, e.g. from a 1-process run
             return self._load_full_checkpoint(path, weights_only)
         metadata = super().load_checkpoint(checkpoint_path, weights_only)
-        templates = shard_templates(metadata.get("callbacks", {}), self.device_mesh["data_parallel"])
+        templates = shard_templates(metadata.get("callbacks", {}), data_parallel_mesh(self))
         if templates and is_sharded_checkpoint(path):
             from torch.distributed.checkpoint import load
 
@@ -212,12 +227,18 @@ def load_for_strategy(strategy, module) -> list[str]:
     mesh = data_parallel_mesh(strategy)
     if mesh is None or mesh.size() == 1 or module.weights_loaded:
         module.load_weights()
-        return shard_for_strategy(strategy, module.policy)
-    return load_into_shards(module.policy, module.load_weights, mesh, getattr(strategy, "reshard_after_forward", True))
+        sharded = shard_for_strategy(strategy, module.policy)
+    else:
+        sharded = load_into_shards(module.policy, module.load_weights, mesh,
+                                   getattr(strategy, "reshard_after_forward", True))
+    if getattr(strategy, "context_parallel_mesh", None) is not None:  # on the loaded, adapted and sharded models
+        split_for_strategy(module.policy, strategy.context_parallel_mesh, strategy.attention_backend)
+    return sharded
 
 
 def data_parallel_mesh(strategy):
-    """The 1-D data-parallel ``DeviceMesh`` FSDP2 shards over, None when the strategy is not FSDP2.
+    """The 1-D ``DeviceMesh`` FSDP2 shards over (every process; with context parallelism, the context-parallel
+    mesh flattened, so that both read one mesh), None when the strategy is not FSDP2.
 
     Raises:
         ValueError: a ``ModelParallelStrategy`` with tensor parallelism, which flowrl does not apply.
@@ -228,6 +249,8 @@ def data_parallel_mesh(strategy):
     if mesh["tensor_parallel"].size() > 1:
         raise ValueError(f"ModelParallelStrategy with tensor_parallel_size={mesh['tensor_parallel'].size()}: flowrl "
                          "shards with FSDP2 over data-parallel ranks only; use --trainer.strategy=fsdp2")
+    if getattr(strategy, "context_parallel_mesh", None) is not None:
+        return sharding_mesh(strategy.context_parallel_mesh)
     return mesh["data_parallel"]
 
 
