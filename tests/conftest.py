@@ -23,6 +23,25 @@ def tiny_model_dir(tmp_path_factory):
     return str(save_components(build_components(num_layers=1, text_layers=1), tmp_path_factory.mktemp("tiny")))
 
 
+@pytest.fixture(scope="session")
+def sd3_dir(tmp_path_factory):
+    """A random-weight tiny SD3 pipeline saved in diffusers layout (``tests/policies/tiny_pipelines.py``)."""
+    from diffusers import StableDiffusion3Pipeline
+
+    from tests.policies.tiny_pipelines import save_pipeline, sd3_components
+
+    return str(save_pipeline(StableDiffusion3Pipeline, sd3_components, tmp_path_factory.mktemp("sd3")))
+
+
+@pytest.fixture(scope="session")
+def two_process_fits(tiny_model_dir, sd3_dir, tmp_path_factory):
+    """The folder of every 2-process fit of the tiny model and the tiny SD3 pipeline, with their 1-process
+    references, run once (``tests/two_process_group.py``); its tests carry ``tests.two_process_group.GROUP``."""
+    from tests.two_process_group import run_every_fit
+
+    return run_every_fit(tmp_path_factory.mktemp("two_process_group"), tiny_model_dir, sd3_dir)
+
+
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 

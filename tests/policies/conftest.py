@@ -1,16 +1,8 @@
-"""Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image and Qwen-Image 2.1, FLUX.2 [klein] and [dev],
-Z-Image, Wan, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per session."""
+"""Tiny random-weight pipelines (FLUX.1, SD1.5, Qwen-Image and Qwen-Image 2.1, FLUX.2 [klein] and [dev],
+Z-Image, Wan, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per session; SD3's
+(``sd3_dir``, which tests outside this folder use too) is in ``tests/conftest.py``."""
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def sd3_dir(tmp_path_factory):
-    from diffusers import StableDiffusion3Pipeline
-
-    from tests.policies.tiny_pipelines import save_pipeline, sd3_components
-
-    return str(save_pipeline(StableDiffusion3Pipeline, sd3_components, tmp_path_factory.mktemp("sd3")))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,54 @@
+"""Every 2-process fit of the default suite on the tiny model and the tiny SD3 pipeline in one launched process
+group, built once a session.
+
+A launched process pays the imports of Lightning, diffusers and transformers (seconds of CPU each, twice for 2 ranks),
+far more than a tiny fit costs: so the 2-process fits of every module in :data:`MODULES` run one after another in one
+process group (``tests/methods/fits_in_one_process.py``; the first fit starts the second rank, the later ones join
+its group), and their 1-process references run once, in pytest's own process, before it. Each module declares its
+fits with ``two_process_fits(folder, tiny_model_dir, sd3_dir) -> (one_process, two_processes)``, argument lists of
+``python -m flowrl`` writing under its ``folder``; its tests ask for the session fixture ``two_process_fits``
+(``tests/conftest.py``), the folder that holds one sub-folder per module, and carry :data:`GROUP` so that one xdist
+worker builds it (``--dist loadgroup``)."""
+
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.methods.fits_in_one_process import ROOT, run_in_one_process
+
+#: the modules whose 2-process fits share the group, in the order they run
+MODULES = ("tests.methods.test_two_ranks_equal_one", "tests.methods.test_likelihood_free_fsdp2",
+           "tests.cli.test_fsdp2", "tests.policies.test_fsdp2_pipeline")
+#: the xdist group of every test that reads the fits
+GROUP = pytest.mark.xdist_group("two_process_group")
+
+
+def module_folder(folder: Path, module: str) -> Path:
+    """Where ``module``'s fits write: ``folder/<its file's name>``."""
+    return folder / module.rsplit(".", 1)[-1]
+
+
+def run_every_fit(folder: Path, tiny_model_dir: str, sd3_dir: str, timeout: int = 1800) -> Path:
+    """The 1-process fits of every module in this process (one torch thread, from the repository, as the launched
+    ones run), then their 2-process fits in one launched process group, on the tiny model and the tiny SD3
+    pipeline. Returns ``folder``."""
+    from flowrl.cli import main
+
+    ones, twos = [], []
+    for name in MODULES:
+        one, two = importlib.import_module(name).two_process_fits(module_folder(folder, name), tiny_model_dir, sd3_dir)
+        ones, twos = ones + one, twos + two
+    threads, cwd = torch.get_num_threads(), Path.cwd()
+    torch.set_num_threads(1)
+    os.chdir(ROOT)
+    try:
+        for args in ones:
+            main(args)
+    finally:
+        torch.set_num_threads(threads)
+        os.chdir(cwd)
+    run_in_one_process(twos, folder / "two_processes", timeout=timeout)
+    return folder
