@@ -34,12 +34,34 @@ def sd3_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def two_process_fits(tiny_model_dir, sd3_dir, tmp_path_factory):
-    """The folder of every 2-process fit of the tiny model and the tiny SD3 pipeline, with their 1-process
-    references, run once (``tests/two_process_group.py``); its tests carry ``tests.two_process_group.GROUP``."""
+def qwen_image_dir(tmp_path_factory):
+    from diffusers import QwenImagePipeline
+
+    from tests.policies.tiny_families import qwen_image_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(QwenImagePipeline, qwen_image_components, tmp_path_factory.mktemp("qwen_image")))
+
+
+@pytest.fixture(scope="session")
+def flux_kontext_dir(tmp_path_factory):
+    from diffusers import FluxKontextPipeline
+
+    from tests.policies.tiny_editing import flux_kontext_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(FluxKontextPipeline, flux_kontext_components, tmp_path_factory.mktemp("flux_kontext")))
+
+
+@pytest.fixture(scope="session")
+def two_process_fits(tiny_model_dir, sd3_dir, qwen_image_dir, flux_kontext_dir, tmp_path_factory):
+    """The folder of every 2-process fit of the tiny model and the tiny SD3, Qwen-Image and FLUX.1 Kontext
+    pipelines, with their 1-process references, run once (``tests/two_process_group.py``); its tests carry
+    ``tests.two_process_group.GROUP``."""
     from tests.two_process_group import run_every_fit
 
-    return run_every_fit(tmp_path_factory.mktemp("two_process_group"), tiny_model_dir, sd3_dir)
+    models = {"tiny": tiny_model_dir, "sd3": sd3_dir, "qwen_image": qwen_image_dir, "flux_kontext": flux_kontext_dir}
+    return run_every_fit(tmp_path_factory.mktemp("two_process_group"), models)
 
 
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")

@@ -1,14 +1,15 @@
-"""Every 2-process fit of the default suite on the tiny model and the tiny SD3 pipeline in one launched process
-group, built once a session.
+"""Every 2-process fit of the default suite's equality and resume checks on the tiny model and the tiny SD3,
+Qwen-Image and FLUX.1 Kontext pipelines in one launched process group, built once a session.
 
 A launched process pays the imports of Lightning, diffusers and transformers (seconds of CPU each, twice for 2 ranks),
 far more than a tiny fit costs: so the 2-process fits of every module in :data:`MODULES` run one after another in one
 process group (``tests/methods/fits_in_one_process.py``; the first fit starts the second rank, the later ones join
 its group), and their 1-process references run once, in pytest's own process, before it. Each module declares its
-fits with ``two_process_fits(folder, tiny_model_dir, sd3_dir) -> (one_process, two_processes)``, argument lists of
-``python -m flowrl`` writing under its ``folder``; its tests ask for the session fixture ``two_process_fits``
-(``tests/conftest.py``), the folder that holds one sub-folder per module, and carry :data:`GROUP` so that one xdist
-worker builds it (``--dist loadgroup``)."""
+fits with ``two_process_fits(folder, models) -> (one_process, two_processes)``, argument lists of ``python -m
+flowrl`` writing under its ``folder`` (``models``: the tiny models' folders by name, see :func:`run_every_fit`); its
+tests ask for the session fixture ``two_process_fits`` (``tests/conftest.py``), the folder that holds one sub-folder
+per module, and carry :data:`GROUP` so that one xdist worker builds it (``--dist loadgroup``). A fit that fails ends
+the group: every test that reads it fails with that fit's output."""
 
 import importlib
 import os
@@ -21,7 +22,8 @@ from tests.methods.fits_in_one_process import ROOT, run_in_one_process
 
 #: the modules whose 2-process fits share the group, in the order they run
 MODULES = ("tests.methods.test_two_ranks_equal_one", "tests.methods.test_likelihood_free_fsdp2",
-           "tests.cli.test_fsdp2", "tests.policies.test_fsdp2_pipeline")
+           "tests.cli.test_fsdp2", "tests.policies.test_fsdp2_pipeline", "tests.policies.test_fsdp2_families",
+           "tests.policies.test_fsdp2_editing")
 #: the xdist group of every test that reads the fits
 GROUP = pytest.mark.xdist_group("two_process_group")
 
@@ -31,15 +33,15 @@ def module_folder(folder: Path, module: str) -> Path:
     return folder / module.rsplit(".", 1)[-1]
 
 
-def run_every_fit(folder: Path, tiny_model_dir: str, sd3_dir: str, timeout: int = 1800) -> Path:
+def run_every_fit(folder: Path, models: dict[str, str], timeout: int = 1800) -> Path:
     """The 1-process fits of every module in this process (one torch thread, from the repository, as the launched
-    ones run), then their 2-process fits in one launched process group, on the tiny model and the tiny SD3
-    pipeline. Returns ``folder``."""
+    ones run), then their 2-process fits in one launched process group. ``models``: the tiny models' folders by
+    name (``tiny``, ``sd3``, ...). Returns ``folder``."""
     from flowrl.cli import main
 
     ones, twos = [], []
     for name in MODULES:
-        one, two = importlib.import_module(name).two_process_fits(module_folder(folder, name), tiny_model_dir, sd3_dir)
+        one, two = importlib.import_module(name).two_process_fits(module_folder(folder, name), models)
         ones, twos = ones + one, twos + two
     threads, cwd = torch.get_num_threads(), Path.cwd()
     torch.set_num_threads(1)

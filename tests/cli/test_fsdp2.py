@@ -24,22 +24,22 @@ SAVED = f"{RESUME}/first/ckpt/epoch=0-step=2.ckpt"  # 2 batches an epoch: step 2
 ONE_PROCESS = "one_process_checkpoint"  # the folder of a 1-process checkpoint resumed under FSDP2
 
 
-def two_process_fits(folder: Path, tiny_model_dir: str, sd3_dir: str) -> tuple[list[list[str]], list[list[str]]]:
+def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
     """The sharded resume's three fits (straight, first, resumed); a 1-process run of 4 steps and one of 2 with a
     checkpoint, and that checkpoint resumed under FSDP2 (``tests/two_process_group.py``)."""
     extra = [*FSDP2, "--trainer.callbacks+=flowrl.callbacks.EMA", "--trainer.callbacks.apply_at_end=false",
              *CHECKPOINTS,
              # validation swaps the EMA shards in and out on every rank (one validation prompt per rank)
              "--data.val_prompts=[red 1 and blue 2, green 3 and red 4]", "--trainer.limit_val_batches=1.0"]
-    resume = lambda out, *more: fit_args(tiny_model_dir, folder / RESUME / out, *extra,  # noqa: E731
+    resume = lambda out, *more: fit_args(models["tiny"], folder / RESUME / out, *extra,  # noqa: E731
                                          f"--trainer.callbacks.dirpath={folder / RESUME / out}/ckpt", *more)
     one = folder / ONE_PROCESS
-    return ([fit_args(tiny_model_dir, one / "straight", "--trainer.max_steps=4"),
-             fit_args(tiny_model_dir, one / "first", "--trainer.max_steps=2", *CHECKPOINTS,
+    return ([fit_args(models["tiny"], one / "straight", "--trainer.max_steps=4"),
+             fit_args(models["tiny"], one / "first", "--trainer.max_steps=2", *CHECKPOINTS,
                       f"--trainer.callbacks.dirpath={one}/first/ckpt")],
             [resume("straight", "--trainer.max_steps=4"), resume("first", "--trainer.max_steps=2"),
              resume("resumed", "--trainer.max_steps=4", f"--ckpt_path={folder / SAVED}"),
-             fit_args(tiny_model_dir, one / "resumed", "--trainer.max_steps=4",
+             fit_args(models["tiny"], one / "resumed", "--trainer.max_steps=4",
                       f"--ckpt_path={one}/first/ckpt/epoch=0-step=2.ckpt", *FSDP2)])
 
 

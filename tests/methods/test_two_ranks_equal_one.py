@@ -337,13 +337,13 @@ def test_fsdp2_two_processes_equal_one_process_for_every_method(tiny_model_dir, 
 STRATEGIES = {"ddp": (DDP_CASES, DDP), "fsdp2": (FSDP2_CASES, FSDP2)}
 
 
-def two_process_fits(folder: Path, tiny_model_dir: str, sd3_dir: str) -> tuple[list[list[str]], list[list[str]]]:
+def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
     """Every case's 1-process fit (once for both strategies: a case of both builds the same arguments) and its
     2-process fit under each strategy (``tests/two_process_group.py``)."""
     ones, twos = {}, []
     for strategy, (cases, options) in STRATEGIES.items():
         for name, make in cases.items():
-            args, _, *rest = make(tiny_model_dir)
+            args, _, *rest = make(models["tiny"])
             (folder / name).mkdir(parents=True, exist_ok=True)
             if not rest:
                 ones.setdefault(name, args(folder / name / "one"))

@@ -1,6 +1,6 @@
-"""Tiny random-weight pipelines (FLUX.1, SD1.5, Qwen-Image and Qwen-Image 2.1, FLUX.2 [klein] and [dev],
-Z-Image, Wan, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once per session; SD3's
-(``sd3_dir``, which tests outside this folder use too) is in ``tests/conftest.py``."""
+"""Tiny random-weight pipelines (FLUX.1, SD1.5, Qwen-Image 2.1, FLUX.2 [klein] and [dev], Z-Image, Wan, and the
+editing family Qwen-Image-Edit(-Plus)) saved once per session; SD3's, Qwen-Image's and FLUX.1 Kontext's (which the
+suite's one group of 2-process fits uses too: ``tests/two_process_group.py``) are in ``tests/conftest.py``."""
 
 import pytest
 
@@ -19,16 +19,6 @@ def sd15_dir(tmp_path_factory):
     from tests.policies.tiny_sd15 import save_sd15
 
     return str(save_sd15(tmp_path_factory.mktemp("sd15")))
-
-
-@pytest.fixture(scope="session")
-def qwen_image_dir(tmp_path_factory):
-    from diffusers import QwenImagePipeline
-
-    from tests.policies.tiny_families import qwen_image_components
-    from tests.policies.tiny_pipelines import save_pipeline
-
-    return str(save_pipeline(QwenImagePipeline, qwen_image_components, tmp_path_factory.mktemp("qwen_image")))
 
 
 @pytest.fixture(scope="session")
@@ -125,13 +115,3 @@ def qwen_edit_dir(tmp_path_factory):
     from tests.policies.tiny_pipelines import save_pipeline
 
     return str(save_pipeline(QwenImageEditPipeline, qwen_image_edit_components, tmp_path_factory.mktemp("qwen_edit")))
-
-
-@pytest.fixture(scope="session")
-def flux_kontext_dir(tmp_path_factory):
-    from diffusers import FluxKontextPipeline
-
-    from tests.policies.tiny_editing import flux_kontext_components
-    from tests.policies.tiny_pipelines import save_pipeline
-
-    return str(save_pipeline(FluxKontextPipeline, flux_kontext_components, tmp_path_factory.mktemp("flux_kontext")))

@@ -31,10 +31,10 @@ def args(sd3_dir, out: Path, full: bool, *extra: str) -> list[str]:
                     f"--trainer.callbacks.full={str(full).lower()}", *extra)
 
 
-def two_process_fits(folder: Path, tiny_model_dir: str, sd3_dir: str) -> tuple[list[list[str]], list[list[str]]]:
+def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
     """LoRA and full fine-tuning on 1 process and on 2 under FSDP2 (``tests/two_process_group.py``)."""
-    return ([args(sd3_dir, folder / kind / "one", kind == "full") for kind in ("lora", "full")],
-            [args(sd3_dir, folder / kind / "two", kind == "full", *SHARDED) for kind in ("lora", "full")])
+    return ([args(models["sd3"], folder / kind / "one", kind == "full") for kind in ("lora", "full")],
+            [args(models["sd3"], folder / kind / "two", kind == "full", *SHARDED) for kind in ("lora", "full")])
 
 
 @GROUP
