@@ -76,6 +76,9 @@ def test_fsdp2_dense_methods_print_the_numbers_of_one_process(config, tmp_path, 
     assert summary(fit(config, tmp_path / "two", *FSDP2)) == one
 
 
+# slow: the launch as 2 nodes is covered by tests/cli/test_ddp_configs.py (DDP), FSDP2 on 2 ranks by the suite's
+# process group of 2-process fits (tests/two_process_group.py)
+@pytest.mark.slow
 def test_fsdp2_on_two_nodes_of_one_process_equals_one_process(tmp_path, capsys, monkeypatch):
     # Lightning's cluster variables on localhost, as a SLURM or torchrun launch sets them: one data-parallel rank per
     # process over both nodes
