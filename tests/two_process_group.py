@@ -33,10 +33,11 @@ def module_folder(folder: Path, module: str) -> Path:
     return folder / module.rsplit(".", 1)[-1]
 
 
-def run_every_fit(folder: Path, models: dict[str, str], timeout: int = 1800) -> Path:
+def run_every_fit(folder: Path, models: dict[str, str], seconds_per_fit: int = 60) -> Path:
     """The 1-process fits of every module in this process (one torch thread, from the repository, as the launched
-    ones run), then their 2-process fits in one launched process group. ``models``: the tiny models' folders by
-    name (``tiny``, ``sd3``, ...). Returns ``folder``."""
+    ones run), then their 2-process fits in one launched process group, which fails after ``seconds_per_fit`` per
+    fit (a hang; a tiny fit takes a few seconds on 2 idle cores). ``models``: the tiny models' folders by name
+    (``tiny``, ``sd3``, ...). Returns ``folder``."""
     from flowrl.cli import main
 
     ones, twos = [], []
@@ -52,5 +53,5 @@ def run_every_fit(folder: Path, models: dict[str, str], timeout: int = 1800) -> 
     finally:
         torch.set_num_threads(threads)
         os.chdir(cwd)
-    run_in_one_process(twos, folder / "two_processes", timeout=timeout)
+    run_in_one_process(twos, folder / "two_processes", timeout=seconds_per_fit * len(twos))
     return folder
