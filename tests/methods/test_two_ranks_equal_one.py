@@ -1,9 +1,10 @@
 """Every method on 2 CPU processes computes what 1 process computes: one test per strategy (DDP, FSDP2) over every
 method, whose 2-process fits (both strategies') share one launched process group with the suite's other 2-process
 equality and resume fits (``tests/two_process_group.py``), against 1-process fits run once for both strategies. Each
-method keeps its own check: the same samples split over the ranks, the same per-sample rewards and advantages, the same final weights, and what the method adds (DenseGRPO's
-calibrated noise scales, the tree methods' nodes, the likelihood-free methods' extra adapters, ranks that hold
-different numbers of trained pairs, a NaN on one rank, each rank holding half of a sharded denoiser).
+method keeps its own check: the same samples split over the ranks, the same per-sample rewards and advantages, the
+same final weights, and what the method adds (DenseGRPO's calibrated noise scales, the tree methods' nodes, the
+likelihood-free methods' extra adapters, ranks that hold different numbers of trained pairs, a NaN on one rank, each
+rank holding half of a sharded denoiser).
 
 SGD at lr 1 without clipping throughout (where not said otherwise): the update is -lr * (gradient averaged over all
 samples), so a rank missing an all-reduce would be off by O(1); Adam's first step (~lr * sign(g)) would amplify float
