@@ -54,14 +54,18 @@ def flux_kontext_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def two_process_fits(tiny_model_dir, sd3_dir, qwen_image_dir, flux_kontext_dir, tmp_path_factory):
+def two_process_fits(request, tiny_model_dir, sd3_dir, qwen_image_dir, flux_kontext_dir, tmp_path_factory):
     """The folder of every 2-process fit of the tiny model and the tiny SD3, Qwen-Image and FLUX.1 Kontext
-    pipelines, with their 1-process references, run once (``tests/two_process_group.py``); its tests carry
+    pipelines, with their 1-process references, run once (``tests/two_process_group.py``): those of the modules
+    whose tests this run selected (one file run alone fits its own); its tests carry
     ``tests.two_process_group.GROUP``."""
-    from tests.two_process_group import run_every_fit
+    from tests.two_process_group import MODULES, run_every_fit
 
+    selected = {item.module.__name__ for item in request.session.items
+                if "two_process_fits" in getattr(item, "fixturenames", ())}
     models = {"tiny": tiny_model_dir, "sd3": sd3_dir, "qwen_image": qwen_image_dir, "flux_kontext": flux_kontext_dir}
-    return run_every_fit(tmp_path_factory.mktemp("two_process_group"), models)
+    return run_every_fit(tmp_path_factory.mktemp("two_process_group"), models,
+                         tuple(name for name in MODULES if name in selected))
 
 
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")

@@ -33,15 +33,16 @@ def module_folder(folder: Path, module: str) -> Path:
     return folder / module.rsplit(".", 1)[-1]
 
 
-def run_every_fit(folder: Path, models: dict[str, str], seconds_per_fit: int = 60) -> Path:
-    """The 1-process fits of every module in this process (one torch thread, from the repository, as the launched
-    ones run), then their 2-process fits in one launched process group, which fails after ``seconds_per_fit`` per
-    fit (a hang; a tiny fit takes a few seconds on 2 idle cores). ``models``: the tiny models' folders by name
-    (``tiny``, ``sd3``, ...). Returns ``folder``."""
+def run_every_fit(folder: Path, models: dict[str, str], modules: tuple[str, ...] = MODULES,
+                  seconds_per_fit: int = 60) -> Path:
+    """The 1-process fits of every module of ``modules`` in this process (one torch thread, from the repository, as
+    the launched ones run), then their 2-process fits in one launched process group, which fails after
+    ``seconds_per_fit`` per fit (a hang; a tiny fit takes a few seconds on 2 idle cores). ``models``: the tiny
+    models' folders by name (``tiny``, ``sd3``, ...). Returns ``folder``."""
     from flowrl.cli import main
 
     ones, twos = [], []
-    for name in MODULES:
+    for name in modules:
         one, two = importlib.import_module(name).two_process_fits(module_folder(folder, name), models)
         ones, twos = ones + one, twos + two
     threads, cwd = torch.get_num_threads(), Path.cwd()
