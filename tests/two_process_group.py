@@ -34,11 +34,12 @@ def module_folder(folder: Path, module: str) -> Path:
 
 
 def run_every_fit(folder: Path, models: dict[str, str], modules: tuple[str, ...] = MODULES,
-                  seconds_per_fit: int = 60) -> Path:
+                  start_up: int = 600, seconds_per_fit: int = 60) -> Path:
     """The 1-process fits of every module of ``modules`` in this process (one torch thread, from the repository, as
-    the launched ones run), then their 2-process fits in one launched process group, which fails after
-    ``seconds_per_fit`` per fit (a hang; a tiny fit takes a few seconds on 2 idle cores). ``models``: the tiny
-    models' folders by name (``tiny``, ``sd3``, ...). Returns ``folder``."""
+    the launched ones run), then their 2-process fits in one launched process group, which fails (a hang) after
+    ``start_up`` seconds and ``seconds_per_fit`` more per fit: a tiny fit takes seconds on 2 idle cores, a start-up
+    several times more on a loaded machine. ``models``: the tiny models' folders by name (``tiny``, ``sd3``, ...).
+    Returns ``folder``."""
     from flowrl.cli import main
 
     ones, twos = [], []
@@ -54,5 +55,5 @@ def run_every_fit(folder: Path, models: dict[str, str], modules: tuple[str, ...]
     finally:
         torch.set_num_threads(threads)
         os.chdir(cwd)
-    run_in_one_process(twos, folder / "two_processes", timeout=seconds_per_fit * len(twos))
+    run_in_one_process(twos, folder / "two_processes", timeout=start_up + seconds_per_fit * len(twos))
     return folder
