@@ -23,6 +23,51 @@ def tiny_model_dir(tmp_path_factory):
     return str(save_components(build_components(num_layers=1, text_layers=1), tmp_path_factory.mktemp("tiny")))
 
 
+@pytest.fixture(scope="session")
+def sd3_dir(tmp_path_factory):
+    """A random-weight tiny SD3 pipeline saved in diffusers layout (``tests/policies/tiny_pipelines.py``)."""
+    from diffusers import StableDiffusion3Pipeline
+
+    from tests.policies.tiny_pipelines import save_pipeline, sd3_components
+
+    return str(save_pipeline(StableDiffusion3Pipeline, sd3_components, tmp_path_factory.mktemp("sd3")))
+
+
+@pytest.fixture(scope="session")
+def qwen_image_dir(tmp_path_factory):
+    from diffusers import QwenImagePipeline
+
+    from tests.policies.tiny_families import qwen_image_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(QwenImagePipeline, qwen_image_components, tmp_path_factory.mktemp("qwen_image")))
+
+
+@pytest.fixture(scope="session")
+def flux_kontext_dir(tmp_path_factory):
+    from diffusers import FluxKontextPipeline
+
+    from tests.policies.tiny_editing import flux_kontext_components
+    from tests.policies.tiny_pipelines import save_pipeline
+
+    return str(save_pipeline(FluxKontextPipeline, flux_kontext_components, tmp_path_factory.mktemp("flux_kontext")))
+
+
+@pytest.fixture(scope="session")
+def two_process_fits(request, tiny_model_dir, sd3_dir, qwen_image_dir, flux_kontext_dir, tmp_path_factory):
+    """The folder of every 2-process fit of the tiny model and the tiny SD3, Qwen-Image and FLUX.1 Kontext
+    pipelines, with their 1-process references, run once (``tests/two_process_group.py``): those of the modules
+    whose tests this run selected (one file run alone fits its own); its tests carry
+    ``tests.two_process_group.GROUP``."""
+    from tests.two_process_group import MODULES, run_every_fit
+
+    selected = {item.module.__name__ for item in request.session.items
+                if "two_process_fits" in getattr(item, "fixturenames", ())}
+    models = {"tiny": tiny_model_dir, "sd3": sd3_dir, "qwen_image": qwen_image_dir, "flux_kontext": flux_kontext_dir}
+    return run_every_fit(tmp_path_factory.mktemp("two_process_group"), models,
+                         tuple(name for name in MODULES if name in selected))
+
+
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 

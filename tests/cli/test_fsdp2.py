@@ -1,6 +1,7 @@
 """FSDP2 (``--trainer.strategy=fsdp2``) on 2 CPU processes through ``python -m flowrl fit``: an exact resume from a sharded checkpoint with EMA, the dense-reward
 methods' ODE completions on sharded weights, and 2 "nodes" x 1 process on localhost. Each 2-process run is a real
-subprocess with a timeout. The same advantages, gradient norms and weights as a 1-process run for every method
+subprocess with a timeout (the resumes' fits run in the suite's one process group of them:
+tests/two_process_group.py). The same advantages, gradient norms and weights as a 1-process run for every method
 (LoRA, and full fine-tuning with a sharded KL reference and clipping), each rank holding a shard of the denoiser:
 tests/methods/test_two_ranks_equal_one.py."""
 
@@ -11,24 +12,41 @@ import torch
 
 from flowrl.checkpoints.sharded import load_consolidated
 from tests.cli.test_ddp_configs import finish, fit, one_process, summary, two_nodes
-from tests.cli.test_fit import fit_args, load_steps, run_cli
-from tests.methods.fits_in_one_process import run_in_one_process
+from tests.cli.test_fit import fit_args, load_steps
+from tests.methods.likelihood_free import CHECKPOINTS
+from tests.two_process_group import GROUP, module_folder
 
 FSDP2 = ["--trainer.devices=2", "--trainer.strategy=fsdp2"]
 
 
-def test_fsdp2_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
+RESUME = "resume"  # the folder of the sharded resume's fits
+SAVED = f"{RESUME}/first/ckpt/epoch=0-step=2.ckpt"  # 2 batches an epoch: step 2 ends epoch 0
+ONE_PROCESS = "one_process_checkpoint"  # the folder of a 1-process checkpoint resumed under FSDP2
+
+
+def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
+    """The sharded resume's three fits (straight, first, resumed); a 1-process run of 4 steps and one of 2 with a
+    checkpoint, and that checkpoint resumed under FSDP2 (``tests/two_process_group.py``)."""
     extra = [*FSDP2, "--trainer.callbacks+=flowrl.callbacks.EMA", "--trainer.callbacks.apply_at_end=false",
-             "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-             "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1",
+             *CHECKPOINTS,
              # validation swaps the EMA shards in and out on every rank (one validation prompt per rank)
              "--data.val_prompts=[red 1 and blue 2, green 3 and red 4]", "--trainer.limit_val_batches=1.0"]
-    args = lambda out, *more: fit_args(tiny_model_dir, tmp_path / out, *extra,  # noqa: E731
-                                       f"--trainer.callbacks.dirpath={tmp_path / out}/ckpt", *more)
-    # 2 batches an epoch: step 2 ends epoch 0. The three fits share one process group (one start-up)
-    saved = tmp_path / "first/ckpt/epoch=0-step=2.ckpt"
-    run_in_one_process([args("straight", "--trainer.max_steps=4"), args("first", "--trainer.max_steps=2"),
-                        args("resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}")], tmp_path)
+    resume = lambda out, *more: fit_args(models["tiny"], folder / RESUME / out, *extra,  # noqa: E731
+                                         f"--trainer.callbacks.dirpath={folder / RESUME / out}/ckpt", *more)
+    one = folder / ONE_PROCESS
+    return ([fit_args(models["tiny"], one / "straight", "--trainer.max_steps=4"),
+             fit_args(models["tiny"], one / "first", "--trainer.max_steps=2", *CHECKPOINTS,
+                      f"--trainer.callbacks.dirpath={one}/first/ckpt")],
+            [resume("straight", "--trainer.max_steps=4"), resume("first", "--trainer.max_steps=2"),
+             resume("resumed", "--trainer.max_steps=4", f"--ckpt_path={folder / SAVED}"),
+             fit_args(models["tiny"], one / "resumed", "--trainer.max_steps=4",
+                      f"--ckpt_path={one}/first/ckpt/epoch=0-step=2.ckpt", *FSDP2)])
+
+
+@GROUP
+def test_fsdp2_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(two_process_fits):
+    tmp_path = module_folder(two_process_fits, __name__) / RESUME
+    saved = tmp_path.parent / SAVED
     assert saved.is_dir() and len(list(saved.glob("*.distcp"))) == 2  # one shard file per rank
     straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
     assert sorted(resumed) == ["step2_rank0", "step2_rank1", "step3_rank0", "step3_rank1"]
@@ -58,6 +76,9 @@ def test_fsdp2_dense_methods_print_the_numbers_of_one_process(config, tmp_path, 
     assert summary(fit(config, tmp_path / "two", *FSDP2)) == one
 
 
+# slow: the launch as 2 nodes is covered by tests/cli/test_ddp_configs.py (DDP), FSDP2 on 2 ranks by the suite's
+# process group of 2-process fits (tests/two_process_group.py)
+@pytest.mark.slow
 def test_fsdp2_on_two_nodes_of_one_process_equals_one_process(tmp_path, capsys, monkeypatch):
     # Lightning's cluster variables on localhost, as a SLURM or torchrun launch sets them: one data-parallel rank per
     # process over both nodes
@@ -68,17 +89,12 @@ def test_fsdp2_on_two_nodes_of_one_process_equals_one_process(tmp_path, capsys, 
     finish(nodes[1])
 
 
-def test_a_one_process_checkpoint_resumes_under_fsdp2(tiny_model_dir, tmp_path):
+@GROUP
+def test_a_one_process_checkpoint_resumes_under_fsdp2(two_process_fits):
     # its optimizer states are keyed by position in the optimizer (the trained LoRA weights only), which Lightning's
     # FSDP2 loader read as positions among every weight of the module: "Missing optimizer state for parameter ..."
-    ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-            "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1"]
-    run_in_one_process([fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4"),  # one start-up
-                        fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ckpt)], tmp_path)
-    saved = next(Path(tmp_path / "first").rglob("*step=2.ckpt"))
-    assert saved.is_file()  # one file, from one process
-    run_cli(fit_args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}", *FSDP2),
-            tmp_path)
+    tmp_path = module_folder(two_process_fits, __name__) / ONE_PROCESS
+    assert (tmp_path / "first/ckpt/epoch=0-step=2.ckpt").is_file()  # one file, from one process
     straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
     for step in ("step2", "step3"):  # the weights and Adam's moments carried over: the 1-process run's advantages
         ranks = [resumed[f"{step}_rank{r}"] for r in (0, 1)]

@@ -37,7 +37,9 @@ def test_more_processes_than_batches_is_refused_before_any_weight_loads(tmp_path
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("devices", ["1", "2"])  # 2: DDP, where a first version broke the process group
+# 2: DDP, where a first version broke the process group; slow: a SIGTERM in evaluate is covered by "1", evaluate
+# on 2 DDP processes by tests/evaluation/test_ddp.py
+@pytest.mark.parametrize("devices", ["1", pytest.param("2", marks=pytest.mark.slow)])
 def test_sigterm_stops_after_the_batch_exits_143_and_leaves_no_stale_report(devices, untrained_lora, suite16,
                                                                             tmp_path):
     out = tmp_path / "report"

@@ -11,7 +11,7 @@ from flowrl.cli import main
 from flowrl.methods import BaseModule
 from flowrl.checkpoints.loading import load_policy
 from flowrl.sampling.sampler import seeded_noise
-from tests.cli.test_fit import load_steps, run_cli
+from tests.cli.test_fit import load_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = "[red 1 and blue 2, green 3 and red 4, blue 5 and green 6, red 7 and red 8]"
@@ -98,13 +98,13 @@ data:
 
 
 def assert_export_matches_pipeline(tmp_path: Path, sd3_dir: str, method: str, options: str,
-                                   adapters: list[str], processes: tuple[str, ...] = ()) -> None:
+                                   adapters: list[str], fitted: bool = False) -> None:
     """A one-step fit of ``method`` on the tiny SD3 pipeline, exported: the checkpoint's policy holds ``adapters``
     with ``default`` active, its CFG-free images differ from the backbone's, and the plain diffusers pipeline with
-    the exported LoRA draws the same images from the sampler's initial noise. ``processes``: options of a
-    multi-process fit (e.g. FSDP2's), run as a subprocess."""
-    fit = ["fit", "--config", str(sd3_fit_config(tmp_path, sd3_dir, method, options))]
-    run_cli([*fit, *processes], tmp_path) if processes else main(fit)
+    the exported LoRA draws the same images from the sampler's initial noise. ``fitted``: the fit of
+    :func:`sd3_fit_config` in ``tmp_path`` ran already (a multi-process one, elsewhere)."""
+    if not fitted:
+        main(["fit", "--config", str(sd3_fit_config(tmp_path, sd3_dir, method, options))])
     ckpt = next(Path(tmp_path / "run").rglob("*.ckpt"))
     main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "lora")])
     policy = load_policy(ckpt)

@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
+from flowrl.cli import main
 from flowrl.methods import TreeRPO
 from flowrl.methods.batch import Batch
 from flowrl.losses.layer_tuning import best_path_mask
 from flowrl.policies import LoraOptions, TinyFlowPolicy
-from tests.cli.test_fit import load_steps, run_cli
+from tests.cli.test_fit import load_steps
 from tests.methods.counting import counted_rollout
 from tests.methods.test_tree_methods import BATCH, tree_fit
 from tests.policies.test_sd3 import metrics
@@ -80,10 +81,10 @@ def test_a_step_on_the_term_alone_raises_the_best_paths_likelihood(tree):
 
 def test_a_cli_fit_logs_the_supervised_loss(tiny_model_dir, tmp_path):
     out = tmp_path / "run"  # tree_fit writes its config beside `out`, in tmp_path
-    run_cli(tree_fit(tiny_model_dir, out, "flowrl.methods.TreeRPO", "--model.init_args.window_size=2",
-                     "--model.init_args.window_start=1", "--model.init_args.layer_tuning=0.5",
-                     "--trainer.max_steps=2", "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
-                     f"--trainer.logger.save_dir={out}"), tmp_path)
+    main(tree_fit(tiny_model_dir, out, "flowrl.methods.TreeRPO", "--model.init_args.window_size=2",
+                  "--model.init_args.window_start=1", "--model.init_args.layer_tuning=0.5",
+                  "--trainer.max_steps=2", "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+                  f"--trainer.logger.save_dir={out}"))
     assert sorted(load_steps(out)) == ["step0_rank0", "step1_rank0"]
     logged = metrics(out)
     assert logged["train/supervised_loss"] != 0 and math.isfinite(logged["train/supervised_loss"])

@@ -9,24 +9,33 @@ import torch
 
 from flowrl.checkpoints.sharded import load_consolidated
 from tests.cli.test_fit import load_steps
-from tests.methods.fits_in_one_process import run_in_one_process
-from tests.methods.likelihood_free import CHECKPOINTS, assert_export_matches_pipeline, shrunk
-from tests.policies.conftest import sd3_dir  # noqa: F401  the tiny SD3 pipeline fixture
+from tests.methods.likelihood_free import CHECKPOINTS, assert_export_matches_pipeline, sd3_fit_config, shrunk
+from tests.two_process_group import GROUP, module_folder
 
 ADAPTERS = ("default", "fake_score", "surrogate", "surrogate_old")
+FSDP2 = ("--trainer.devices=2", "--trainer.strategy=fsdp2")
+SAVED = "first/ckpt/epoch=0-step=2.ckpt"
+EXPORT = ("flowrl.methods.TDMR1", "    num_train_steps: 2\n    time_shift: 3.0\n    guidance_scale: 1.0")
 
 
-def test_tdm_r1_resumes_exactly_from_a_sharded_checkpoint(tiny_model_dir, tmp_path):
+def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
+    """TDM-R1 under FSDP2 straight for 4 steps, for 2 with a checkpoint, and resumed from it to 4 (2 batches an
+    epoch, one step each: step 2 ends epoch 0); a one-step fit on the tiny SD3 pipeline to export. No 1-process fit
+    (``tests/two_process_group.py``)."""
     def args(out: Path, *extra: str) -> list[str]:
-        return shrunk("tiny_tdm_r1.yaml", out, "--trainer.devices=2", "--trainer.strategy=fsdp2",
-                      "--model.init_args.generator_init=null", *CHECKPOINTS, f"--trainer.callbacks.dirpath={out}/ckpt",
-                      *extra, model_dir=tiny_model_dir)
+        return shrunk("tiny_tdm_r1.yaml", out, *FSDP2, "--model.init_args.generator_init=null", *CHECKPOINTS,
+                      f"--trainer.callbacks.dirpath={out}/ckpt", *extra, model_dir=models["tiny"])
 
-    # 2 batches an epoch, one step each: step 2 ends epoch 0. The three fits share one process group (one start-up)
-    saved = tmp_path / "first/ckpt/epoch=0-step=2.ckpt"
-    run_in_one_process([args(tmp_path / "straight", "--trainer.max_steps=4"),
-                        args(tmp_path / "first", "--trainer.max_steps=2"),
-                        args(tmp_path / "resumed", "--trainer.max_steps=4", f"--ckpt_path={saved}")], tmp_path)
+    (folder / "export").mkdir(parents=True, exist_ok=True)
+    return [], [args(folder / "straight", "--trainer.max_steps=4"), args(folder / "first", "--trainer.max_steps=2"),
+                args(folder / "resumed", "--trainer.max_steps=4", f"--ckpt_path={folder / SAVED}"),
+                ["fit", "--config", str(sd3_fit_config(folder / "export", models["sd3"], *EXPORT)), *FSDP2]]
+
+
+@GROUP
+def test_tdm_r1_resumes_exactly_from_a_sharded_checkpoint(two_process_fits):
+    tmp_path = module_folder(two_process_fits, __name__)
+    saved = tmp_path / SAVED
     assert saved.is_dir() and len(list(saved.glob("*.distcp"))) == 2  # one shard file per rank
 
     straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
@@ -46,7 +55,8 @@ def test_tdm_r1_resumes_exactly_from_a_sharded_checkpoint(tiny_model_dir, tmp_pa
             assert all(torch.equal(v, b[name]["state"][k][s]) for s, v in state.items()), (name, k)
 
 
-def test_tdm_r1_generator_exported_from_a_sharded_checkpoint_loads_in_the_diffusers_pipeline(sd3_dir, tmp_path):
-    assert_export_matches_pipeline(tmp_path, sd3_dir, "flowrl.methods.TDMR1",
-                                   "    num_train_steps: 2\n    time_shift: 3.0\n    guidance_scale: 1.0",
-                                   list(ADAPTERS), ("--trainer.devices=2", "--trainer.strategy=fsdp2"))
+@GROUP
+def test_tdm_r1_generator_exported_from_a_sharded_checkpoint_loads_in_the_diffusers_pipeline(sd3_dir,
+                                                                                            two_process_fits):
+    assert_export_matches_pipeline(module_folder(two_process_fits, __name__) / "export", sd3_dir, *EXPORT,
+                                   list(ADAPTERS), fitted=True)

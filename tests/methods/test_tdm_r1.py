@@ -15,7 +15,6 @@ from tests.cli.test_fit import load_steps
 from tests.methods.likelihood_free import (ROOT, assert_export_matches_pipeline, assert_resume_is_exact, option_errors,
                                            shrunk)
 from tests.methods.test_method_layer import method_help
-from tests.policies.conftest import sd3_dir  # noqa: F401  the tiny SD3 pipeline fixture
 
 ADAPTERS = ("default", "fake_score", "surrogate", "surrogate_old")
 

@@ -1,9 +1,10 @@
-"""Every method on 2 CPU processes computes what 1 process computes: one test per strategy (DDP, FSDP2) whose
-2-process fits of every method share one process group (``tests/methods/fits_in_one_process.py``), against the
-1-process fits of the same list in one other process. Each method keeps its own check: the same samples split over
-the ranks, the same per-sample rewards and advantages, the same final weights, and what the method adds (DenseGRPO's
-calibrated noise scales, the tree methods' nodes, the likelihood-free methods' extra adapters, ranks that hold
-different numbers of trained pairs, a NaN on one rank, each rank holding half of a sharded denoiser).
+"""Every method on 2 CPU processes computes what 1 process computes: one test per strategy (DDP, FSDP2) over every
+method, whose 2-process fits (both strategies') share one launched process group with the suite's other 2-process
+equality and resume fits (``tests/two_process_group.py``), against 1-process fits run once for both strategies. Each
+method keeps its own check: the same samples split over the ranks, the same per-sample rewards and advantages, the
+same final weights, and what the method adds (DenseGRPO's calibrated noise scales, the tree methods' nodes, the
+likelihood-free methods' extra adapters, ranks that hold different numbers of trained pairs, a NaN on one rank, each
+rank holding half of a sharded denoiser).
 
 SGD at lr 1 without clipping throughout (where not said otherwise): the update is -lr * (gradient averaged over all
 samples), so a rank missing an all-reduce would be off by O(1); Adam's first step (~lr * sign(g)) would amplify float
@@ -15,11 +16,13 @@ import torch
 
 from tests.cli.test_fit import assert_two_ranks_equal_one, fit_args, load_steps
 from tests.methods import test_tp_grpo
-from tests.methods.fits_in_one_process import run_in_one_process
 from tests.methods.likelihood_free import shrunk
 from tests.methods.test_method_layer import method_fit_args
 from tests.methods.test_nonfinite import fit as nonfinite_fit
 from tests.methods.test_tree_methods import tree_fit
+from tests.two_process_group import GROUP, module_folder
+
+pytestmark = GROUP
 
 SGD = ["--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.lr=1.0"]
 NO_CLIP = [*SGD, "--model.init_args.max_grad_norm=null"]
@@ -27,22 +30,16 @@ DDP = ["--trainer.devices=2", "--trainer.strategy=ddp"]
 FSDP2 = ["--trainer.devices=2", "--trainer.strategy=fsdp2"]
 
 
-def run_every_method(cases: dict, tmp_path: Path, two: list[str]) -> None:
-    """Each case ``name: (args(out, *extra), check(one_dir, two_dir))``: its 1-process fit (in one process for all)
-    and its 2-process fit with ``two`` (in one process group for all), then every check; the failures of every method
-    are reported together. A case may add a third item: the name of the case whose 1-process fit it shares, or None
-    for a 2-process fit that needs no 1-process one."""
-    for name in cases:
-        (tmp_path / name).mkdir()
-    ones = {name: case[2] if len(case) > 2 else name for name, case in cases.items()}
-    run_in_one_process([cases[name][0](tmp_path / name / "one") for name in cases if ones[name] == name],
-                       tmp_path / "one_process")
-    run_in_one_process([args(tmp_path / name / "two", *two) for name, (args, *_) in cases.items()],
-                       tmp_path / "two_processes")
+def check_every_method(cases: dict, folder: Path, strategy: str) -> None:
+    """Each case ``name: (args(out, *extra), check(one_dir, two_dir))`` checked on its 1-process fit
+    (``folder/name/one``) and its 2-process fit under ``strategy`` (``folder/name/<strategy>``); the failures of every
+    method are reported together. A case may add a third item: the name of the case whose 1-process fit it shares, or
+    None for a 2-process fit that needs no 1-process one."""
     failed = {}
-    for name, (_, check, *_) in cases.items():
+    for name, (_, check, *rest) in cases.items():
+        one = rest[0] if rest else name
         try:
-            check(tmp_path / (ones[name] or name) / "one", tmp_path / name / "two")
+            check(folder / (one or name) / "one", folder / name / strategy)
         except AssertionError as error:
             failed[name] = f"{type(error).__name__}: {error}"
     assert not failed, "\n".join(f"{name}: {why}" for name, why in failed.items())
@@ -57,7 +54,7 @@ def rewards_and_advantages(one: Path, two: Path) -> None:
 
 
 def flow_grpo(tiny_model_dir):
-    common = ["--trainer.max_steps=1", "--model.init_args.micro_batch_size=2", *NO_CLIP]
+    common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=3", *NO_CLIP]
     return lambda out, *extra: fit_args(tiny_model_dir, out, *common, *extra), plain
 
 
@@ -243,8 +240,9 @@ DDP_CASES = {
 }
 
 
-def test_ddp_two_processes_equal_one_process_for_every_method(tiny_model_dir, tmp_path):
-    run_every_method({name: make(tiny_model_dir) for name, make in DDP_CASES.items()}, tmp_path, DDP)
+def test_ddp_two_processes_equal_one_process_for_every_method(tiny_model_dir, two_process_fits):
+    check_every_method({name: make(tiny_model_dir) for name, make in DDP_CASES.items()},
+                       module_folder(two_process_fits, __name__), "ddp")
 
 
 # full fine-tuning: two minibatches per batch: the ranks' micro-batch counts differ, so the shorter rank pads (weight
@@ -297,11 +295,6 @@ def sharded(make):
     return sharded_make
 
 
-def flow_grpo_sharded(tiny_model_dir):
-    common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=3", *NO_CLIP]
-    return lambda out, *extra: fit_args(tiny_model_dir, out, *common, *extra), plain
-
-
 def full(tiny_model_dir):
     common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=3", *SGD, *FULL]
     return lambda out, *extra: fit_args(tiny_model_dir, out, *common, *extra), assert_full_runs_equal
@@ -316,7 +309,7 @@ def full_reduce_every_micro_batch(tiny_model_dir):
 
 
 FSDP2_CASES = {name: sharded(make) for name, make in {
-    "flow_grpo_lora": flow_grpo_sharded,
+    "flow_grpo": flow_grpo,
     "full": full,
     "full_reduce_every_micro_batch": full_reduce_every_micro_batch,
     "dense_grpo": dense_grpo,
@@ -336,5 +329,23 @@ FSDP2_CASES = {name: sharded(make) for name, make in {
 }.items()}
 
 
-def test_fsdp2_two_processes_equal_one_process_for_every_method(tiny_model_dir, tmp_path):
-    run_every_method({name: make(tiny_model_dir) for name, make in FSDP2_CASES.items()}, tmp_path, FSDP2)
+def test_fsdp2_two_processes_equal_one_process_for_every_method(tiny_model_dir, two_process_fits):
+    check_every_method({name: make(tiny_model_dir) for name, make in FSDP2_CASES.items()},
+                       module_folder(two_process_fits, __name__), "fsdp2")
+
+
+STRATEGIES = {"ddp": (DDP_CASES, DDP), "fsdp2": (FSDP2_CASES, FSDP2)}
+
+
+def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
+    """Every case's 1-process fit (once for both strategies: a case of both builds the same arguments) and its
+    2-process fit under each strategy (``tests/two_process_group.py``)."""
+    ones, twos = {}, []
+    for strategy, (cases, options) in STRATEGIES.items():
+        for name, make in cases.items():
+            args, _, *rest = make(models["tiny"])
+            (folder / name).mkdir(parents=True, exist_ok=True)
+            if not rest:
+                ones.setdefault(name, args(folder / name / "one"))
+            twos.append(args(folder / name / strategy, *options))
+    return list(ones.values()), twos

@@ -1,17 +1,9 @@
-"""Tiny random-weight pipelines (SD3, FLUX.1, SD1.5, Qwen-Image and Qwen-Image 2.1, FLUX.2 [klein] and [dev],
-Z-Image, Wan, LTX-2, HunyuanVideo 1.5, and the editing families Qwen-Image-Edit(-Plus) and FLUX.1 Kontext) saved once
-per session."""
+"""Tiny random-weight pipelines (FLUX.1, SD1.5, Qwen-Image 2.1, FLUX.2 [klein] and [dev], Z-Image, Wan, LTX-2,
+HunyuanVideo 1.5, and the editing family Qwen-Image-Edit(-Plus)) saved once per session; SD3's, Qwen-Image's and
+FLUX.1 Kontext's (which the suite's one group of 2-process fits uses too: ``tests/two_process_group.py``) are in
+``tests/conftest.py``."""
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def sd3_dir(tmp_path_factory):
-    from diffusers import StableDiffusion3Pipeline
-
-    from tests.policies.tiny_pipelines import save_pipeline, sd3_components
-
-    return str(save_pipeline(StableDiffusion3Pipeline, sd3_components, tmp_path_factory.mktemp("sd3")))
 
 
 @pytest.fixture(scope="session")
@@ -28,16 +20,6 @@ def sd15_dir(tmp_path_factory):
     from tests.policies.tiny_sd15 import save_sd15
 
     return str(save_sd15(tmp_path_factory.mktemp("sd15")))
-
-
-@pytest.fixture(scope="session")
-def qwen_image_dir(tmp_path_factory):
-    from diffusers import QwenImagePipeline
-
-    from tests.policies.tiny_families import qwen_image_components
-    from tests.policies.tiny_pipelines import save_pipeline
-
-    return str(save_pipeline(QwenImagePipeline, qwen_image_components, tmp_path_factory.mktemp("qwen_image")))
 
 
 @pytest.fixture(scope="session")
@@ -153,13 +135,3 @@ def qwen_edit_dir(tmp_path_factory):
     from tests.policies.tiny_pipelines import save_pipeline
 
     return str(save_pipeline(QwenImageEditPipeline, qwen_image_edit_components, tmp_path_factory.mktemp("qwen_edit")))
-
-
-@pytest.fixture(scope="session")
-def flux_kontext_dir(tmp_path_factory):
-    from diffusers import FluxKontextPipeline
-
-    from tests.policies.tiny_editing import flux_kontext_components
-    from tests.policies.tiny_pipelines import save_pipeline
-
-    return str(save_pipeline(FluxKontextPipeline, flux_kontext_components, tmp_path_factory.mktemp("flux_kontext")))

@@ -3,27 +3,35 @@ the source tokens appended at every call gives the same advantages, an on-policy
 weights as a 1-process run; a batch whose sources have several token layouts (one transformer call each) is refused
 under FSDP2, where every call is a collective."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from flowrl.cli import main
 from flowrl.policies.source_latents import by_layout
-from tests.cli.test_fit import assert_two_ranks_equal_one, run_cli
+from tests.cli.test_fit import assert_two_ranks_equal_one
 from tests.policies.edit_records import write_records
 from tests.policies.test_edit_fits import edit_args
 from tests.policies.test_fsdp2_pipeline import COMMON
 from tests.policies.test_sd3 import metrics
+from tests.two_process_group import GROUP, module_folder
 
 
 def args(model_dir, out, records, *extra):
     return edit_args("kontext", model_dir, out, records, *COMMON, f"--trainer.callbacks.out={out}/dump", *extra)
 
 
-def test_fsdp2_kontext_lora_equals_one_process(flux_kontext_dir, tmp_path):
-    records = write_records(tmp_path / "data", sizes=((40, 48),) * 3)  # one source layout on every rank
-    main(args(flux_kontext_dir, tmp_path / "one", records))
-    run_cli(args(flux_kontext_dir, tmp_path / "two", records, "--trainer.devices=2", "--trainer.strategy=fsdp2"),
-            tmp_path)
+def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
+    """FLUX.1 Kontext with LoRA on 1 process and on 2 under FSDP2, its records of one source layout on every rank
+    (``tests/two_process_group.py``)."""
+    records = write_records(folder / "data", sizes=((40, 48),) * 3)
+    return ([args(models["flux_kontext"], folder / "one", records)],
+            [args(models["flux_kontext"], folder / "two", records, "--trainer.devices=2", "--trainer.strategy=fsdp2")])
+
+
+@GROUP
+def test_fsdp2_kontext_lora_equals_one_process(two_process_fits):
+    tmp_path = module_folder(two_process_fits, __name__)
     assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
     assert metrics(tmp_path / "two")["train/check_ratio_max_dev"] < 1e-5  # on-policy with sharded weights (fp32)
 

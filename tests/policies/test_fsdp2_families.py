@@ -3,12 +3,14 @@ plan of ``QwenImageTransformer2DModel`` with true CFG, norm-rescaled guidance an
 gives the same advantages, an on-policy first update and the same LoRA weights as a 1-process run, and each rank
 holds half of the transformer."""
 
+from pathlib import Path
+
 import torch
 
-from flowrl.cli import main
-from tests.cli.test_fit import assert_two_ranks_equal_one, run_cli
+from tests.cli.test_fit import assert_two_ranks_equal_one
 from tests.policies.test_fsdp2_pipeline import COMMON
 from tests.policies.test_sd3 import fit_args, metrics
+from tests.two_process_group import GROUP, module_folder
 
 SHARDED = ["--trainer.devices=2", "--trainer.strategy=fsdp2"]
 
@@ -18,9 +20,14 @@ def args(model_dir, out, *extra):
                     policy="flowrl.policies.QwenImagePolicy")
 
 
-def test_fsdp2_qwen_image_lora_equals_one_process(qwen_image_dir, tmp_path):
-    main(args(qwen_image_dir, tmp_path / "one"))  # in this process: only the 2-process run needs its own
-    run_cli(args(qwen_image_dir, tmp_path / "two", *SHARDED), tmp_path)
+def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
+    """Qwen-Image with LoRA on 1 process and on 2 under FSDP2 (``tests/two_process_group.py``)."""
+    return [args(models["qwen_image"], folder / "one")], [args(models["qwen_image"], folder / "two", *SHARDED)]
+
+
+@GROUP
+def test_fsdp2_qwen_image_lora_equals_one_process(two_process_fits):
+    tmp_path = module_folder(two_process_fits, __name__)
     assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
     assert metrics(tmp_path / "two")["train/check_ratio_max_dev"] < 1e-5  # on-policy with sharded weights (fp32)
     whole = torch.load(tmp_path / "one/dump/held_bytes_rank0.pt")["denoiser"]

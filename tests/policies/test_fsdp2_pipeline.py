@@ -11,8 +11,9 @@ from peft.utils import get_peft_model_state_dict
 
 from flowrl.cli import main
 from flowrl.checkpoints.sharded import load_consolidated
-from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps, run_cli
+from tests.cli.test_fit import assert_two_ranks_equal_one, load_steps
 from tests.policies.test_sd3 import HERE, fit_args, metrics
+from tests.two_process_group import GROUP, module_folder
 
 COMMON = ["--trainer.max_steps=2", "--model.init_args.optimizer=torch.optim.SGD",
           "--model.init_args.optimizer.lr=1.0", "--model.init_args.max_grad_norm=null",
@@ -23,15 +24,22 @@ SHARDED = ["--trainer.devices=2", "--trainer.strategy=fsdp2",
            "--trainer.callbacks.apply_at_end=false"]
 
 
-def fit(sd3_dir, out: Path, full: bool, *extra: str) -> None:
+def args(sd3_dir, out: Path, full: bool, *extra: str) -> list[str]:
+    """A fit of the tiny SD3 pipeline, LoRA or ``full`` fine-tuning."""
     layers = ["--config", str(HERE / "full_finetune.yaml")] if full else []
-    run_cli(fit_args(sd3_dir, out, *layers, *COMMON, f"--trainer.callbacks.out={out}/dump",
-                     f"--trainer.callbacks.full={str(full).lower()}", *extra), out.parent)
+    return fit_args(sd3_dir, out, *layers, *COMMON, f"--trainer.callbacks.out={out}/dump",
+                    f"--trainer.callbacks.full={str(full).lower()}", *extra)
 
 
-def test_fsdp2_lora_equals_one_process_and_exports_lora_and_ema(sd3_dir, tmp_path):
-    fit(sd3_dir, tmp_path / "one", False)
-    fit(sd3_dir, tmp_path / "two", False, *SHARDED)
+def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
+    """LoRA and full fine-tuning on 1 process and on 2 under FSDP2 (``tests/two_process_group.py``)."""
+    return ([args(models["sd3"], folder / kind / "one", kind == "full") for kind in ("lora", "full")],
+            [args(models["sd3"], folder / kind / "two", kind == "full", *SHARDED) for kind in ("lora", "full")])
+
+
+@GROUP
+def test_fsdp2_lora_equals_one_process_and_exports_lora_and_ema(sd3_dir, two_process_fits):
+    tmp_path = module_folder(two_process_fits, __name__) / "lora"
     assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
     assert metrics(tmp_path / "two")["train/check_ratio_max_dev"] < 1e-5  # on-policy with sharded weights (fp32)
     ckpt = next((tmp_path / "two").rglob("*step=2.ckpt"))
@@ -53,9 +61,9 @@ def test_fsdp2_lora_equals_one_process_and_exports_lora_and_ema(sd3_dir, tmp_pat
     assert any(not torch.equal(average[k], saved["state_dict"][k]) for k in average)  # the average is not the weights
 
 
-def test_fsdp2_full_finetuning_equals_one_process_and_exports_the_pipeline(sd3_dir, tmp_path):
-    fit(sd3_dir, tmp_path / "one", True)
-    fit(sd3_dir, tmp_path / "two", True, *SHARDED)
+@GROUP
+def test_fsdp2_full_finetuning_equals_one_process_and_exports_the_pipeline(sd3_dir, two_process_fits):
+    tmp_path = module_folder(two_process_fits, __name__) / "full"
     one, two = load_steps(tmp_path / "one"), load_steps(tmp_path / "two")
     seeds = torch.cat([two[f"step0_rank{r}"]["seeds"] for r in (0, 1)])
     torch.testing.assert_close(torch.cat([two[f"step0_rank{r}"]["advantages"] for r in (0, 1)])[seeds.argsort()],

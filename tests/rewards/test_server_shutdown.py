@@ -1,6 +1,7 @@
 """SIGTERM or SIGINT to the reward server's main process (only to it, not to its process group) shuts everything
 down: the main process exits with 128 + the signal number, no process of its group remains (no orphaned worker or
-queue manager holding the port), and the port can be bound again."""
+queue manager holding the port), and the port can be bound again; a client of the server that is gone gets a clear
+error naming the URL (the same server: one start-up less)."""
 
 import os
 import signal
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from flowrl.rewards import RemoteReward
+from flowrl.rewards.remote import RemoteRewardError
 from tests.rewards.server_process import reward_server
+from tests.rewards.test_server import images
 
 pytest.importorskip("litserve", reason="the reward server needs the `serve` extra")
 
@@ -46,7 +50,10 @@ def test_a_signal_stops_every_server_process_and_frees_the_port(sig, tmp_path):
     (tmp_path / "reward.yaml").write_text("rewards:\n  - class_path: tests.rewards.served.MeanPixel\n")
     with reward_server(str(tmp_path / "reward.yaml"), tmp_path) as (url, proc):
         port, pgid = int(url.rsplit(":", 1)[1]), os.getpgid(proc.pid)
+        remote = RemoteReward(url, retries=2, backoff=0.05, timeout=5)
         try:
+            remote.setup(None, None, "fit")  # the health check passes
+            assert remote.score(images(1, 3), ["p"]).shape == (1,)
             assert len(group_members(pgid)) > 1  # the main process and its workers / manager / API server
             os.kill(proc.pid, sig)  # the main process only, as `kill <pid>` or a process manager does
             try:
@@ -62,6 +69,10 @@ def test_a_signal_stops_every_server_process_and_frees_the_port(sig, tmp_path):
                 s.bind(("127.0.0.1", port))
                 s.listen()
             assert status == 128 + sig  # documented in flowrl.rewards.serve: 143 for SIGTERM, 130 for SIGINT
+            with pytest.raises(RemoteRewardError, match=rf"{url}/score did not answer after 3 attempts"):
+                remote.score(images(1, 3), ["p"])
+            with pytest.raises(RemoteRewardError, match=rf"{url}/health"):
+                remote.setup(None, None, "fit")
         finally:  # a failure must not leave the group behind (reward_server only kills it while the main lives)
             if not group_is_gone(pgid):
                 os.killpg(pgid, signal.SIGKILL)
