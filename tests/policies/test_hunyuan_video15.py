@@ -74,7 +74,7 @@ def test_lora_and_merged_exports_load_into_the_plain_pipeline_and_reproduce_the_
     with torch.no_grad():  # stand-in for training: move every trained weight
         for p in hy.trainable_parameters():
             p.add_(0.1 * torch.randn_like(p))
-    ours = FlowGRPO(hy, guidance_scale=GUIDANCE).final_latents(hy.encode(PROMPTS), SEEDS, STEPS)
+    ours = FlowGRPO(hy, guidance_scale=GUIDANCE).generation.final_latents(hy.encode(PROMPTS), SEEDS, STEPS)
 
     def pipe_latents(pipe):
         pipe.guider = pipe.guider.new(guidance_scale=GUIDANCE)

@@ -70,7 +70,7 @@ def test_encodings_velocity_sample_and_video_equal_the_pipelines(ltx2_dir, monke
     measured["sigmas"] = gap(sigmas, pipe.scheduler.sigmas)
     with torch.no_grad():
         velocity = policy.velocity(noise, sigmas[:1].expand(len(noise)), cond, GUIDANCE)
-    final = FlowGRPO(policy, guidance_scale=GUIDANCE).final_latents(cond, SEEDS, STEPS)
+    final = FlowGRPO(policy, guidance_scale=GUIDANCE).generation.final_latents(cond, SEEDS, STEPS)
     (video_v, _), (audio_v, _), *_, (_, video_end), (_, audio_end) = steps
     measured["velocity"] = gap(velocity, policy.layout.flat(video_v, audio_v))
     measured["sample"] = gap(final, policy.layout.flat(video_end, audio_end))
@@ -135,7 +135,7 @@ def test_exported_lora_and_merged_pipeline_reproduce_the_adapters_ode_video(ltx2
     with torch.no_grad():  # stand-in for training: move every trained weight
         for p in policy.trainable_parameters():
             p.add_(0.1 * torch.randn_like(p))
-    ours = FlowGRPO(policy, guidance_scale=GUIDANCE).generate(list(PROMPTS), SEEDS, STEPS)
+    ours = FlowGRPO(policy, guidance_scale=GUIDANCE).generation.generate(list(PROMPTS), SEEDS, STEPS)
     noise = start_noise(policy, SEEDS)
     export_lora(policy, tmp_path / "lora")
     pipe = LTX2Pipeline.from_pretrained(ltx2_dir)
