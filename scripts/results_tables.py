@@ -243,31 +243,53 @@ def blocks() -> dict[str, str]:
     }
 
 
-#: The 2026 objectives beside the methods they change (``scripts/compare_methods.py --budget 32000 --prompts 4 --seeds
-#: 0 1 2 --jobs 2 --methods Flow-DPPO GRPO-Guard AWM``, 2026-11-28, commit 106eaf9, the 2-core dev box, two runs at a
-#: time): Flow-DPPO and GRPO-Guard against Flow-GRPO from the same CFG start, AWM against DiffusionNFT from the same
-#: CFG-free one (the kept runs of the tables above, at the same budget and batch shape).
-METHODS_2026 = [("Flow-GRPO", "flow_grpo"), ("Flow-DPPO, loss dppo", "dppo"),
-                ("GRPO-Guard, loss grpo_guard", "grpo_guard"), ("DiffusionNFT, CFG-free", "diffusion_nft"),
+#: The 2026 objectives beside the methods they change, every run at one commit (``scripts/compare_methods.py --budget
+#: 32000 --prompts 4 --seeds 0 1 2 --jobs 2 --methods Flow-GRPO Flow-DPPO GRPO-Guard AWM DiffusionNFT --drift``,
+#: 2026-11-28, the 2-core dev box shared with other work): Flow-DPPO and GRPO-Guard against Flow-GRPO from the same CFG
+#: start, AWM against DiffusionNFT from the same CFG-free one, at the same budget and batch shape. Flow-GRPO's and
+#: DiffusionNFT's runs of the tables above are older (2026-11-23): the code has changed since (Flow-GRPO's
+#: ``cfg_gradient`` default among it), so their reruns at this commit are kept apart (``*_2026_seed<k>.csv``).
+METHODS_2026 = [("Flow-GRPO", "flow_grpo_2026"), ("Flow-DPPO, loss dppo", "dppo"),
+                ("GRPO-Guard, loss grpo_guard", "grpo_guard"), ("DiffusionNFT, CFG-free", "diffusion_nft_2026"),
                 ("AWM, CFG-free", "awm")]
+DRIFT_2026 = DATA / MC / "drift_2026.csv"  # the --drift of the same runs (scripts/base_drift.py)
 
 
 def methods_2026() -> dict[str, str]:
-    """The 2026 objectives' table (bold within each start: the first three from CFG, the last two CFG-free) and,
-    per seed, each one's final held-out reward against the method it changes."""
+    """The 2026 objectives' table (bold within each start: the first three from CFG, the last two CFG-free), per
+    seed each one's final held-out reward against the method it changes, and how far each drifted from its base."""
     rows = [mc(label, stem) for label, stem in METHODS_2026]
-    columns = ["batches", "cost", "transition", "before", "after", "gain", "half", "minutes"]
+    columns = ["batches", "cost", "transition", "before", "after", "gain", "half"]
     cfg_free = method_table("", rows[3:], columns).splitlines()[2:]
     return {
         "methods-2026": method_table("method (mean +- std over 3 seeds)", rows[:3], columns) + "\n" +
         "\n".join(cfg_free),
-        "methods-2026-seeds": seed_table([("held-out before", "flow_grpo", "before"), ("Flow-GRPO", "flow_grpo", "end"),
-                                          ("Flow-DPPO", "dppo", "end"), ("GRPO-Guard", "grpo_guard", "end")],
-                                         (0, 1, 2), minus=1),
-        "methods-2026-cfg-free-seeds": seed_table([("held-out before, CFG-free", "diffusion_nft", "before"),
-                                                   ("DiffusionNFT", "diffusion_nft", "end"), ("AWM", "awm", "end")],
+        "methods-2026-seeds": seed_table([("held-out before", "flow_grpo_2026", "before"),
+                                          ("Flow-GRPO", "flow_grpo_2026", "end"), ("Flow-DPPO", "dppo", "end"),
+                                          ("GRPO-Guard", "grpo_guard", "end")], (0, 1, 2), minus=1),
+        "methods-2026-cfg-free-seeds": seed_table([("held-out before, CFG-free", "diffusion_nft_2026", "before"),
+                                                   ("DiffusionNFT", "diffusion_nft_2026", "end"), ("AWM", "awm", "end")],
                                                   (0, 1, 2), minus=1),
+        "methods-2026-drift": drift_2026(rows),
     }
+
+
+def drift_2026(rows: list[tuple[str, Run, str]]) -> str:
+    """Per method, the KL of its final policy's SDE trajectories to its base model's and the velocity MSE to it
+    (``scripts/base_drift.py``), per seed and mean +- std, beside the held-out gain the same runs bought."""
+    with open(DRIFT_2026, newline="") as f:
+        kept = list(csv.DictReader(f))
+    cells = []
+    for (label, r, _), (name, _) in zip(rows, METHODS_2026):
+        method = label.split(",")[0]
+        mine = sorted((int(k["seed"]), float(k["kl"]), float(k["velocity_mse"])) for k in kept if k["method"] == method)
+        if [s for s, _, _ in mine] != [s.seed for s in r]:
+            raise SystemExit(f"{DRIFT_2026.name}: {method} has seeds {[s for s, _, _ in mine]}, its runs {name}")
+        kls, mses = [kl for _, kl, _ in mine], [m for _, _, m in mine]
+        cells.append([label, " / ".join(f"{kl:.3f}" for kl in kls), pr.mean_std(kls), f"{statistics.fmean(mses):.4f}",
+                      signed([s.after - s.before for s in r])])
+    return md(["method", "KL to the base at the end, seeds 0 / 1 / 2", "KL, mean +- std",
+               "velocity MSE to the base, mean", "held-out gain (the same runs)"], cells)
 
 
 BLOCK = re.compile(r"<!-- results:(\S+) -->\n\n(.*?)\n\n<!-- /results:\1 -->", re.S)

@@ -25,7 +25,7 @@ def printed():
 
 def test_every_table_on_the_page_is_the_scripts_output(printed, tables):
     blocks = re.findall(r"<!-- results:\S+ -->.*?<!-- /results:\S+ -->", printed, flags=re.S)
-    assert len(blocks) == 17
+    assert len(blocks) == 18
     for block in blocks:
         assert block in PAGE, block[:200]
     # and the page holds no block the script no longer prints
@@ -104,3 +104,32 @@ def test_the_gain_by_half_is_defined_once(tables):
                                capture_output=True, text=True, timeout=120, check=True).stdout
     assert "the last validation" in " ".join(help_text.split())  # argparse rewraps the epilog
     assert " ".join(HALF_RULE.split()) in " ".join(help_text.split())
+
+
+def test_the_2026_drift_block_reads_its_runs_drift_and_flow_dppo_is_flow_grpo_at_one_update(tables, tmp_path,
+                                                                                          monkeypatch):
+    """The prose's claims of the 2026 section: Flow-DPPO's kept runs equal Flow-GRPO's on every column both log but
+    the forward passes and the wall-clock rate, and the drift block prints each seed's KL of the kept drift file (a
+    changed KL changes the block)."""
+    mc = ROOT / "docs/data/method_comparison"
+    for seed in (0, 1, 2):
+        with open(mc / f"flow_grpo_2026_seed{seed}.csv") as f, open(mc / f"dppo_seed{seed}.csv") as g:
+            a, b = list(csv.DictReader(f)), list(csv.DictReader(g))
+        shared = (set(a[0]) & set(b[0])) - {"train/forward_passes", "rollout/samples_per_s"}
+        assert len(a) == len(b) == 106 and len(shared) > 20
+        assert all(x[c] == y[c] for x, y in zip(a, b) for c in shared)
+        assert any(x["train/forward_passes"] != y["train/forward_passes"] for x, y in zip(a, b))
+    block = tables.blocks()["methods-2026-drift"]
+    assert "| Flow-GRPO | 0.066 / 0.129 / 0.065 | 0.087 +- 0.037 |" in block
+    with open(tables.DRIFT_2026) as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        if row["method"] == "GRPO-Guard" and row["seed"] == "1":
+            row["kl"] = "0.5"
+    changed = tmp_path / "drift.csv"
+    with open(changed, "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=list(rows[0]))
+        out.writeheader()
+        out.writerows(rows)
+    monkeypatch.setattr(tables, "DRIFT_2026", changed)
+    assert "| GRPO-Guard, loss grpo_guard | 0.043 / 0.500 / 0.039 |" in tables.blocks()["methods-2026-drift"]
