@@ -4,6 +4,7 @@ counted exactly on any device with ``saved_tensors_hooks`` (a CPU has no allocat
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -38,3 +39,10 @@ def block_saved_bytes(model: nn.Module, block: nn.Module, call: Callable[[], obj
     finally:
         block.forward = forward
     return sum(storages.values())
+
+
+def one_block_model(cls: type[nn.Module]) -> tuple[nn.Module, int]:
+    """``cls`` with one block at its published width (seeded random weights, frozen) and the published model's number
+    of blocks (its ``num_layers`` default): what the activation-memory scripts measure and multiply by."""
+    torch.manual_seed(0)
+    return cls(num_layers=1).requires_grad_(False), inspect.signature(cls.__init__).parameters["num_layers"].default

@@ -15,7 +15,6 @@ model has 54 blocks; with gradient checkpointing a block keeps only its inputs.
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.block_activations import block_saved_bytes  # noqa: E402
+from scripts.block_activations import block_saved_bytes, one_block_model  # noqa: E402
 
 CONTEXT = 1000 + 256 + 729  # Qwen2.5-VL tokens, ByT5 tokens, vision tokens (HunyuanVideo15Pipeline's)
 
@@ -49,9 +48,7 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["64x64x5", "128x128x5", "128x128x9"],
                         help="HxWxF video sizes in pixels and frames")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    model = HunyuanVideo15Transformer3DModel(num_layers=1).requires_grad_(False)  # one block, published width
-    depth = inspect.signature(HunyuanVideo15Transformer3DModel.__init__).parameters["num_layers"].default
+    model, depth = one_block_model(HunyuanVideo15Transformer3DModel)
     print(f"{'size':>12}{'video':>7}{'tokens':>8}{'MiB/block':>11}{'KiB/token':>11}{f'GiB x{depth}':>9}")
     for size in args.sizes:
         h, w, f = (int(v) for v in size.split("x"))

@@ -17,14 +17,13 @@ only its inputs: ``4096 + 2048`` values per video and audio token pair of stream
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: scripts/ importable
-from scripts.block_activations import block_saved_bytes  # noqa: E402
+from scripts.block_activations import block_saved_bytes, one_block_model  # noqa: E402
 
 PROMPT_TOKENS = 1024  # LTX2Pipeline pads every prompt to max_sequence_length
 
@@ -60,9 +59,7 @@ def main() -> None:
     parser.add_argument("--clips", nargs="+", default=["256x256x25", "256x384x25", "384x384x49"],
                         help="HEIGHTxWIDTHxFRAMES clips (sides multiples of 32, frames 1 + 8k)")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    model = LTX2VideoTransformer3DModel(num_layers=1).requires_grad_(False)  # one block, published width
-    depth = inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters["num_layers"].default
+    model, depth = one_block_model(LTX2VideoTransformer3DModel)
     print(f"{'clip':>12}{'video':>7}{'audio':>7}{'MiB/block':>11}{'KiB/video token':>17}{f'GiB x{depth}':>9}")
     for spec in args.clips:
         height, width, frames = (int(x) for x in spec.split("x"))

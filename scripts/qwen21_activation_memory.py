@@ -15,7 +15,6 @@ The 32 blocks of the model save 32 times one block's bytes; the root (embeddings
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.block_activations import block_saved_bytes  # noqa: E402
+from scripts.block_activations import block_saved_bytes, one_block_model  # noqa: E402
 
 
 def saved_bytes(model, tokens: int, text: int) -> int:
@@ -44,9 +43,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 384, 512], help="image sides in pixels")
     parser.add_argument("--text", type=int, default=64, help="prompt tokens")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    model = QwenImage21Transformer2DModel(num_layers=1).requires_grad_(False)  # one block, published width
-    depth = inspect.signature(QwenImage21Transformer2DModel.__init__).parameters["num_layers"].default
+    model, depth = one_block_model(QwenImage21Transformer2DModel)
     print(f"{'pixels':>7}{'tokens':>8}{'MiB/block':>11}{'KiB/token':>11}{f'GiB x{depth}':>9}")
     for px in args.sizes:
         tokens = (px // 16) ** 2
