@@ -41,6 +41,7 @@ from flowrl.checkpoints.paths import (EXAMPLE, checkpoint_problems, newest_run_c
                                       run_checkpoint)
 from flowrl.cli.arguments import null_overrides_as_configs
 from flowrl.cli.config_checks import built_problems, config_problems, policy_stand_in, predict_problems
+from flowrl.cli.process_group import end_process_group
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, log_roots, release_unused, share_log_versions
 from flowrl.cli.machine_checks import free_memory, rollout_memory_problems
 from flowrl.cli.method_switch import method_switch
@@ -260,6 +261,13 @@ def last_checkpoint(trainer: dict) -> Path:
 
 
 def main(args: Optional[list[str]] = None) -> None:
+    try:
+        return _main(args)
+    finally:
+        end_process_group()
+
+
+def _main(args: Optional[list[str]]) -> None:
     from_argv = args is None
     args = sys.argv[1:] if from_argv else args
     if args[:1] and args[0] in OWN_SUBCOMMANDS:  # not LightningCLI's: each parses its own options
