@@ -31,6 +31,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+import torch
 
 import flowrl.cli.warning_filters  # noqa: F401  first: its filters must be in place before diffusers is imported
 from flowrl.callbacks.image_writer import ImageWriter
@@ -41,12 +42,12 @@ from flowrl.checkpoints.paths import (EXAMPLE, checkpoint_problems, newest_run_c
                                       run_checkpoint)
 from flowrl.cli.arguments import null_overrides_as_configs
 from flowrl.cli.config_checks import built_problems, config_problems, policy_stand_in, predict_problems
-from flowrl.cli.process_group import end_process_group
 from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, log_roots, release_unused, share_log_versions
 from flowrl.cli.machine_checks import free_memory, rollout_memory_problems
 from flowrl.cli.method_switch import method_switch
 from flowrl.cli.option_names import unknown_options
 from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
+from flowrl.cli.process_group import end_process_group_at_exit
 from flowrl.cli.rendezvous import rendezvous_notice
 from flowrl.cli.run_checks import parts_without_model, run_problems, unbuilt_method
 from flowrl.config_nodes import as_dict
@@ -264,7 +265,8 @@ def main(args: Optional[list[str]] = None) -> None:
     try:
         return _main(args)
     finally:
-        end_process_group()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            end_process_group_at_exit()
 
 
 def _main(args: Optional[list[str]]) -> None:

@@ -161,10 +161,21 @@ def assert_two_ranks_equal_one(one_dir: Path, two_dir: Path, keys=("rewards", "a
     return one
 
 
-def test_a_distributed_fit_ends_its_process_group_before_the_interpreter_does(tiny_model_dir, tmp_path):
+def test_a_distributed_fit_has_its_process_group_end_before_the_interpreter_does(tiny_model_dir, tmp_path,
+                                                                                 monkeypatch):
     # left to interpreter shutdown, gloo's worker threads can abort a finished run (exit -6) on the rank whose peer
-    # has already gone; the command destroys the group itself
+    # has already gone; the command has an exit handler destroy the group (which a later fit in this process reuses)
+    import atexit
+
+    from flowrl.cli import process_group
+
+    registered = []
+    monkeypatch.setattr(process_group, "_registered", False)
+    monkeypatch.setattr(atexit, "register", registered.append)
     main(fit_args(tiny_model_dir, tmp_path / "a", "--trainer.strategy=ddp", "--trainer.devices=1",
                   "--trainer.max_steps=1"))
-    assert (tmp_path / "a/dump/step0_rank0.pt").exists()
-    assert not torch.distributed.is_initialized()
+    assert (tmp_path / "a/dump/step0_rank0.pt").exists() and torch.distributed.is_initialized()
+    assert registered == [process_group.end_process_group]
+    assert process_group.end_process_group() and not torch.distributed.is_initialized()
+    main(fit_args(tiny_model_dir, tmp_path / "b", "--trainer.max_steps=1"))  # no group: nothing more to end
+    assert registered == [process_group.end_process_group]
