@@ -69,7 +69,7 @@ class Generation:
         """Images ``[B, 3, H, W]`` (videos ``[B, F, 3, H, W]``) decoded from :meth:`final_latents` of the prompts'
         conditioning; ``images``: the prompts' conditioning images, for an editing or image-to-video policy."""
         cond = self.encode({"prompts": prompts, "images": images})
-        return self.policy.decode(self.final_latents(cond, seeds, num_steps))
+        return self.policy.decode(self.final_latents(cond, seeds, num_steps), cond)
 
     @torch.no_grad()
     def final_latents(self, cond: Conditioning, seeds: Tensor, num_steps: Optional[int] = None) -> Tensor:

@@ -48,8 +48,10 @@ class Trajectories(Validation):
         starts = self.completion_starts()
         if starts is not None:  # each completion scored with its trajectory's metadata (an edit: its sources)
             metadata = row_metadata(rollout.group_ids, rollout.seeds, rollout.cond_rows, batch.get("images"))
+            rows_of = rollout.cond_rows  # a completion decodes with its trajectory's conditioning row
+            decode = lambda z, rows: self.policy.decode(z, cond.select(rows_of[rows.to(rows_of.device)]))  # noqa: E731
             rollout.completion_rewards, nfe = self.completions.score(
-                rollout, starts, self.generation.velocity_fn(cond, rollout.cond_rows), self.policy.decode,
+                rollout, starts, self.generation.velocity_fn(cond, rows_of), decode,
                 self.reward_set.row_scorer(metadata, size), ODE_STEPS[self.policy.prediction])
             rollout.nfe = rollout.nfe + nfe
         return rollout
@@ -66,7 +68,7 @@ class Trajectories(Validation):
             chunk = {k: v[rows] if isinstance(v, (list, Tensor)) and k != "images" else v for k, v in batch.items()}
             chunk["cond_rows"] = torch.arange(rows.start, rows.stop, device=self.device)
             part = self.rollout(chunk, cond)
-            part.images = self.policy.decode(part.final())
+            part.images = self.policy.decode(part.final(), cond.select(part.cond_rows))
             metadata = row_metadata(part.group_ids, part.seeds, part.cond_rows, batch.get("images"))
             pending.append(self.reward_set.submit(part.images, part.prompts, metadata))
             parts.append(part)

@@ -7,6 +7,7 @@ from flowrl.policies.flux_kontext import FluxKontextPolicy
 from flowrl.policies.hunyuan_video15 import HunyuanVideo15Policy
 from flowrl.policies.hunyuan_video15_i2v import HunyuanVideo15I2VPolicy
 from flowrl.policies.ltx2 import LTX2Policy
+from flowrl.policies.ltx2_i2v import LTX2I2VPolicy
 from flowrl.policies.qwen_image import QwenImagePolicy
 from flowrl.policies.qwen_image_edit import QwenImageEditPolicy
 from flowrl.policies.qwen_image21 import QwenImage21Policy
@@ -18,6 +19,6 @@ from flowrl.policies.wan_i2v import WanI2VPolicy
 from flowrl.policies.z_image import ZImagePolicy
 
 __all__ = ["Conditioning", "FlowPolicy", "Flux2Policy", "FluxKontextPolicy", "FluxPolicy", "HunyuanVideo15I2VPolicy",
-           "HunyuanVideo15Policy", "LoraOptions", "LTX2Policy",
+           "HunyuanVideo15Policy", "LoraOptions", "LTX2I2VPolicy", "LTX2Policy",
            "QwenImage21Policy", "QwenImageEditPolicy", "QwenImagePolicy", "SD15Policy", "SD3Policy", "TinyFlowPolicy",
            "WanI2VPolicy", "WanPolicy", "ZImagePolicy"]

@@ -298,7 +298,11 @@ class FlowPolicy(nn.Module):
             raise ValueError(f"{name} conditions on source images: give prompt records with images (a .jsonl file "
                              "with an \"images\" list per prompt)")
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, cond: Optional[Conditioning] = None) -> Tensor:
+        """Images ``[B, 3, H, W]`` (videos ``[B, F, 3, H, W]``) in ``[0, 1]`` from sampled latents
+        ``[B, *latent_shape]``; ``cond``: those rows' conditioning (row for row), for a family whose decoding reads
+        more than the sampled state (LTX-2 image-to-video's clean first latent frame, kept out of the state); the
+        others ignore it."""
         raise NotImplementedError
 
     def latent_shape(self) -> tuple[int, ...]:

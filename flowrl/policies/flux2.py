@@ -176,7 +176,7 @@ class Flux2Policy(PaddedPromptPolicy):
         # the position ids enumerate the tokens row-major, so the pipeline's scatter by ids is this reshape
         return out.float().transpose(1, 2).reshape(b, c, h, w)
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, cond: Optional[Conditioning] = None) -> Tensor:
         """Images ``[B, 3, H, W]`` in ``[0, 1]``: the batch-norm statistics undone, the 2x2 patches unfolded
         (``[4C, h, w] -> [C, 2h, 2w]``), then the VAE, ``vae_chunk_size`` latents at a time."""
         bn, eps = self.vae.bn, self.vae.config.batch_norm_eps

@@ -7,7 +7,8 @@ text-to-video, and the vision tokens as zeros (729 x 1152, which the transformer
 ``prepare_cond_latents_and_mask``. A prompt is two encodings, both from the pipeline's ``encode_prompt``: Qwen2.5-VL's
 third-last hidden states under the pipeline's system template (1000 tokens after the template's 108, padded, with a
 mask) and ByT5's encoding of the prompt's quoted text (the glyph encoder: 256 tokens; zeros and an empty mask for a
-prompt without quotes). Both are fixed-length, so rows of a batch stack without padding; the masks travel in
+prompt without quotes); ``max_sequence_length`` and ``glyph_max_sequence_length`` set the two lengths (the
+pipeline's ``tokenizer_max_length`` and ``tokenizer_2_max_length`` attributes). Both are fixed-length, so rows of a batch stack without padding; the masks travel in
 ``Conditioning.extra``.
 
 Guidance is the folder's ``guider`` (``ClassifierFreeGuidance``: ``v_u + g (v_c - v_u)`` on the negative prompt):
@@ -77,6 +78,9 @@ class HunyuanVideo15Policy(PipelinePolicy):
         height, width, num_frames: the video's size in pixels and frames (``num_frames = 1 + 4k``; the pipeline's
             default is 121 frames at the target size's 16:9 bucket, 848 x 480 at 480p).
         negative_prompt: the unconditional side of classifier-free guidance (the pipeline's default: ``""``).
+        max_sequence_length: Qwen2.5-VL tokens per prompt after the template (the pipeline's
+            ``tokenizer_max_length``, 1000); glyph_max_sequence_length: ByT5 tokens of the quoted text (its
+            ``tokenizer_2_max_length``, 256). Every prompt is padded to them, so every evaluation carries them.
         flow_shift: override the scheduler's shift; None: the checkpoint's.
         vae_tiling: decode in spatial tiles (large videos).
         torch_dtype, autocast, gradient_checkpointing, vae_chunk_size, prompt_cache_size, activation_offload: see
@@ -92,7 +96,8 @@ class HunyuanVideo15Policy(PipelinePolicy):
 
     def __init__(self, model: str = "hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v",
                  lora: Optional[LoraOptions] = LoraOptions(rank=32, alpha=32.0), height: int = 480, width: int = 848,
-                 num_frames: int = 33, negative_prompt: str = "", flow_shift: Optional[float] = None,
+                 num_frames: int = 33, negative_prompt: str = "", max_sequence_length: int = 1000,
+                 glyph_max_sequence_length: int = 256, flow_shift: Optional[float] = None,
                  vae_tiling: bool = False, torch_dtype: str = "float32", autocast: Optional[str] = None,
                  gradient_checkpointing: bool = False, vae_chunk_size: Optional[int] = 1,
                  prompt_cache_size: int = 1024, activation_offload: bool = False):
@@ -102,6 +107,7 @@ class HunyuanVideo15Policy(PipelinePolicy):
         self.path = resolve_model(model)
         self.height, self.width, self.num_frames = height, width, num_frames
         self.negative_prompt, self.vae_tiling = negative_prompt, vae_tiling
+        self.max_sequence_length, self.glyph_max_sequence_length = max_sequence_length, glyph_max_sequence_length
         self.denoiser_config = component_config(HunyuanVideo15Transformer3DModel, self.path, "transformer")
         self.vae_config = component_config(AutoencoderKLHunyuanVideo15, self.path, "vae")
         guider = ClassifierFreeGuidance.load_config(self.path, subfolder="guider")
@@ -112,6 +118,10 @@ class HunyuanVideo15Policy(PipelinePolicy):
             problems.append(f"policy.model={model} is a step-distilled (MeanFlow) checkpoint: its velocity reads the "
                             "next step's timestep (timestep_r), which flowrl's sampler and log-probs do not model; use "
                             "a base or CFG-distilled HunyuanVideo 1.5 folder")
+        for key, value, published in (("max_sequence_length", max_sequence_length, 1000),
+                                      ("glyph_max_sequence_length", glyph_max_sequence_length, 256)):
+            if value < 1:
+                problems.append(f"policy.{key}={value} must be >= 1 (the pipeline's {published})")
         if flow_shift is not None and flow_shift <= 0:
             problems.append(f"policy.flow_shift={flow_shift} must be > 0 (or null: the checkpoint's)")
         self.check_problems(problems + self._conditioning_problems())
@@ -153,10 +163,14 @@ class HunyuanVideo15Policy(PipelinePolicy):
     # -- prompts -----------------------------------------------------------------------------------------------
 
     def _encode_batch(self, prompts: list[str]) -> tuple[Tensor, ...]:
-        """``(embeds [n, 1000, D], mask [n, 1000], glyph_embeds [n, 256, D2], glyph_mask [n, 256])`` from the
-        pipeline's ``encode_prompt`` (both masks float, as the pipeline hands them to the transformer)."""
-        return self.pipeline().encode_prompt(prompt=prompts, device=self.text_encoder.device,
-                                             dtype=self.denoiser_dtype, batch_size=len(prompts))
+        """``(embeds [n, L, D], mask [n, L], glyph_embeds [n, L2, D2], glyph_mask [n, L2])`` from the pipeline's
+        ``encode_prompt`` (both masks float, as the pipeline hands them to the transformer), ``L`` and ``L2`` the
+        policy's lengths (the pipeline reads them from its attributes, not from arguments)."""
+        pipe = self.pipeline()
+        pipe.tokenizer_max_length, pipe.tokenizer_2_max_length = self.max_sequence_length, \
+            self.glyph_max_sequence_length
+        return pipe.encode_prompt(prompt=prompts, device=self.text_encoder.device, dtype=self.denoiser_dtype,
+                                  batch_size=len(prompts))
 
     def encode(self, prompts: list[str], images: Optional[list[list[Tensor]]] = None) -> Conditioning:
         """The prompts and, when the model is guided, ``negative_prompt``; the masks and the glyph encoding in
@@ -208,7 +222,7 @@ class HunyuanVideo15Policy(PipelinePolicy):
         return (cfg.latent_channels, (self.num_frames - 1) // cfg.temporal_compression_ratio + 1,
                 self.height // cfg.spatial_compression_ratio, self.width // cfg.spatial_compression_ratio)
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, cond: Optional[Conditioning] = None) -> Tensor:
         """Videos ``[B, F, 3, H, W]`` in ``[0, 1]`` from latents ``[B, C, f, h, w]``, ``vae_chunk_size`` at a time,
         as the pipeline (divided by ``scaling_factor``, decoded, ``postprocess_video``'s ``[-1, 1] -> [0, 1]``)."""
         scale = self.vae.config.scaling_factor

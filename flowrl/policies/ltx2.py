@@ -20,10 +20,9 @@ pipeline's guidance rescale; decoding by ``_unpack_latents``, ``_denormalize_lat
 
 Not modelled: spatio-temporal guidance and modality-isolation guidance (each an extra forward per step; the policy is
 the pipeline at ``stg_scale=0``, ``modality_scale=1``), prompt enhancement and the LTX-2.5 duration head (the
-video's length is ``num_frames``), and a VAE with timestep conditioning (refused before loading). Nor image-to-video
-(``LTX2ImageToVideoPipeline``): it keeps the first latent frame clean through the loop (timestep 0 on its tokens, no
-scheduler step on them), which flowrl's sampler, whose steps noise every dimension of the state, and ``decode``, which
-reads the state alone, would have to leave out of the state and hand back.
+video's length is ``num_frames``), and a VAE with timestep conditioning (refused before loading). Image-to-video is
+:class:`~flowrl.policies.ltx2_i2v.LTX2I2VPolicy`: its sampled state leaves the clean first latent frame out, which
+the hooks ``_joint`` / ``_sampled`` / ``_video_timestep`` put back around every evaluation and every decode.
 """
 
 from __future__ import annotations
@@ -197,7 +196,21 @@ class LTX2Policy(PipelinePolicy):
         mu = calculate_shift(self.layout.video_tokens, *(cfg.get(key, value) for key, value in SHIFT_DEFAULTS.items()))
         return pipeline_sigmas(self.scheduler, num_steps, linear_grid(num_steps), mu)
 
+    def _joint(self, latents: Tensor, cond: Optional[Conditioning]) -> Tensor:
+        """The joint state ``[B, layout.size]`` the transformer and the VAE read, from the sampled state (text-to-video:
+        the same tensor)."""
+        return latents
+
+    def _sampled(self, joint: Tensor) -> Tensor:
+        """The sampled part of a joint ``[B, layout.size]`` tensor (text-to-video: all of it)."""
+        return joint
+
+    def _video_timestep(self, t: Tensor) -> Tensor:
+        """The video tokens' timestep (text-to-video: one per row, ``[B]``, the audio's)."""
+        return t
+
     def _forward(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
+        """One evaluation on the joint state ``latents [B, layout.size]``: the joint velocity."""
         layout, dtype, b = self.layout, self.denoiser_dtype, len(latents)
         video, audio = layout.tokens(latents)
         t = sigma.float() * self.scheduler.config.num_train_timesteps  # the scheduler's timesteps, both streams'
@@ -210,7 +223,7 @@ class LTX2Policy(PipelinePolicy):
             out_video, out_audio = self.denoiser(
                 hidden_states=video.to(dtype), audio_hidden_states=audio.to(dtype),
                 encoder_hidden_states=cond.embeds.to(dtype), audio_encoder_hidden_states=cond.extra[AUDIO].to(dtype),
-                timestep=t, audio_timestep=t, sigma=t, encoder_attention_mask=mask,
+                timestep=self._video_timestep(t), audio_timestep=t, sigma=t, encoder_attention_mask=mask,
                 audio_encoder_attention_mask=mask, num_frames=f, height=h, width=w, fps=self.frame_rate,
                 audio_num_frames=layout.audio_frames, video_coords=video_coords, audio_coords=audio_coords,
                 use_cross_timestep=self.use_cross_timestep, return_dict=False)
@@ -220,16 +233,18 @@ class LTX2Policy(PipelinePolicy):
                  cfg_gradient: str = "both") -> Tensor:
         """The velocity; with ``guidance_scale != 1``, ``LTX2Pipeline``'s CFG: per modality, in x0 space (``x0 = z -
         sigma v``), ``x0_c + (g - 1)(x0_c - x0_u)`` rescaled towards ``x0_c``'s std by the guidance rescale, back to a
-        velocity; the audio tokens with ``audio_guidance_scale``."""
+        velocity; the audio tokens with ``audio_guidance_scale``. Computed on the joint state (the rescale's std
+        reads every video token, an image-to-video's clean first frame included), returned on the sampled part."""
+        joint = self._joint(latents, cond)
         if guidance_scale == 1.0 or not cond.guided:
-            return self._forward(latents, sigma, cond.conditional())
-        v_uncond, v_cond = self.guidance_sides(latents, sigma, cond, cfg_gradient)
+            return self._sampled(self._forward(joint, sigma, cond.conditional()))
+        v_uncond, v_cond = self.guidance_sides(joint, sigma, cond, cfg_gradient)
         s = sigma.float().view(-1, 1)
         scales = (guidance_scale, self.audio_guidance_scale or guidance_scale)
         rescales = (self.guidance_rescale, self.audio_guidance_rescale)
         parts = [x0_guided(z, u, c, s, g, r) for z, u, c, g, r in zip(
-            self.layout.split(latents), self.layout.split(v_uncond), self.layout.split(v_cond), scales, rescales)]
-        return torch.cat(parts, dim=1)
+            self.layout.split(joint), self.layout.split(v_uncond), self.layout.split(v_cond), scales, rescales)]
+        return self._sampled(torch.cat(parts, dim=1))
 
     # -- videos ------------------------------------------------------------------------------------------------
 
@@ -237,12 +252,14 @@ class LTX2Policy(PipelinePolicy):
         """``(N,)``: the video's ``F h w C`` dimensions then the audio's ``L C_a M`` (see the module doc)."""
         return (self.layout.size,)
 
-    def decode(self, latents: Tensor) -> Tensor:
-        """Videos ``[B, F, 3, H, W]`` in ``[0, 1]`` from the joint latents (the audio part is dropped), as the
-        pipeline: ``_unpack_latents``, ``_denormalize_latents`` with the VAE's statistics, the VAE, ``[-1, 1] ->
-        [0, 1]``; ``vae_chunk_size`` videos at a time, without autocast."""
+    def decode(self, latents: Tensor, cond: Optional[Conditioning] = None) -> Tensor:
+        """Videos ``[B, F, 3, H, W]`` in ``[0, 1]`` from the sampled latents (``cond``: their rows', where the joint
+        state needs it; the audio part is dropped), as the pipeline: ``_unpack_latents``, ``_denormalize_latents``
+        with the VAE's statistics, the VAE, ``[-1, 1] -> [0, 1]``; ``vae_chunk_size`` videos at a time, without
+        autocast."""
         cfg, pipe = self.vae.config, self.pipeline_class
         f, h, w = self.layout.video_grid
+        latents = self._joint(latents, cond)
 
         def vae_input(z: Tensor) -> Tensor:
             grid = pipe._unpack_latents(self.layout.tokens(z.float())[0], f, h, w)

@@ -201,7 +201,7 @@ class PipelinePolicy(FlowPolicy):
     def vae_scale_factor(self) -> int:
         return 2 ** (len(self.vae_config["block_out_channels"]) - 1)
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, cond: Optional[Conditioning] = None) -> Tensor:
         """Images ``[B, 3, H, W]`` in ``[0, 1]`` from latents ``[B, C, h, w]``, ``vae_chunk_size`` at a time."""
         cfg = self.vae.config
         return self.decode_chunks(latents, lambda z: z.to(self.vae.dtype) / cfg.scaling_factor +

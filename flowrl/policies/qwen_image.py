@@ -146,7 +146,7 @@ class QwenImagePolicy(PaddedPromptPolicy):
         rescaled = combined * (cond_norm / combined.norm(dim=-1, keepdim=True))
         return self._unpack(rescaled, *v_cond.shape[-2:])
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, cond: Optional[Conditioning] = None) -> Tensor:
         """Images ``[B, 3, H, W]`` in ``[0, 1]``: latents un-normalised per channel (``latents_std``, then
         ``latents_mean``), decoded as one-frame videos, ``vae_chunk_size`` at a time."""
         cfg = self.vae.config

@@ -154,9 +154,9 @@ class QwenImage21Policy(QwenImagePolicy):
         """Plain CFG ``v_u + g (v_c - v_u)``, as ``QwenImage21Pipeline`` (no per-token norm rescale)."""
         return PaddedPromptPolicy.guide(self, v_uncond, v_cond, guidance_scale)
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, cond: Optional[Conditioning] = None) -> Tensor:
         """Images ``[B, 3, H, W]`` in ``[0, 1]``: Qwen-Image's decode of the RGBA VAE, its RGB channels."""
-        return super().decode(latents)[:, :3]
+        return super().decode(latents, cond)[:, :3]
 
     def latent_shape(self) -> tuple[int, ...]:
         size = 2 * (self.resolution // (self.vae_scale_factor * 2))  # QwenImage21Pipeline.prepare_latents

@@ -69,7 +69,7 @@ class TinyFlowPolicy(FlowPolicy):
         return self.denoiser(hidden_states=latents, encoder_hidden_states=cond.embeds, pooled_projections=cond.pooled,
                              timestep=timestep, return_dict=False)[0]
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, cond: Optional[Conditioning] = None) -> Tensor:
         return (latents.float() / 2 + 0.5).clamp(0, 1)
 
     def latent_shape(self) -> tuple[int, ...]:

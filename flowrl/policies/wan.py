@@ -265,7 +265,7 @@ class WanPolicy(PipelinePolicy):
         return (cfg.z_dim, (self.num_frames - 1) // cfg.scale_factor_temporal + 1,
                 self.height // cfg.scale_factor_spatial, self.width // cfg.scale_factor_spatial)
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, cond: Optional[Conditioning] = None) -> Tensor:
         """Videos ``[B, F, 3, H, W]`` in ``[0, 1]`` from latents ``[B, C, f, h, w]``, ``vae_chunk_size`` at a time,
         as the pipeline (its ``latents_mean`` / ``latents_std`` undone, then ``postprocess_video``)."""
         cfg = self.vae.config

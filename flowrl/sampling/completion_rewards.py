@@ -16,15 +16,19 @@ from torch import Tensor
 #: ``rows`` are the trajectories the images belong to (what picks each image's per-row reward metadata, such as an
 #: edit's source images).
 ScoreFn = Callable[[Tensor, list[str], Tensor], Tensor]
+#: ``decode(latents [n, *shape], rows [n]) -> images [n, 3, H, W]`` (videos ``[n, F, 3, H, W]``): ``rows`` are the
+#: trajectories the latents belong to (what picks each one's conditioning where decoding reads it: LTX-2
+#: image-to-video's first frame)
+DecodeFn = Callable[[Tensor, Tensor], Tensor]
 
 
 @torch.no_grad()
-def completion_rewards(decode: Callable[[Tensor], Tensor], latents: Tensor, prompts: Sequence[str],
+def completion_rewards(decode: DecodeFn, latents: Tensor, prompts: Sequence[str],
                        score: ScoreFn, chunk_size: Optional[int] = None) -> Tensor:
     """Rewards ``[B, K]`` of clean latents ``[B, K, *shape]``, decoded and scored ``chunk_size`` images at a time.
 
     Args:
-        decode: latents ``[n, *shape]`` -> images ``[n, 3, H, W]`` (e.g. ``policy.decode``).
+        decode: see :data:`DecodeFn` (its ``rows`` index ``prompts``).
         latents: ``[B, K, *shape]``, e.g. the completions of steps ``0..T-1`` followed by the final latent, which
             gives ``R[b, k]`` for ``k = 0..T``.
         prompts: ``[B]``, the prompt of each trajectory (shared by its ``K`` images).
@@ -34,7 +38,8 @@ def completion_rewards(decode: Callable[[Tensor], Tensor], latents: Tensor, prom
         ``[B, K]`` float32 (non-finite scores are kept: the caller decides what an invalid reward means).
 
     >>> latents = torch.arange(6.0).reshape(2, 3, 1)
-    >>> completion_rewards(lambda z: z, latents, ["a", "b"], lambda im, p, rows: im[:, 0] + 10 * rows, chunk_size=4)
+    >>> completion_rewards(lambda z, rows: z, latents, ["a", "b"], lambda im, p, rows: im[:, 0] + 10 * rows,
+    ...                    chunk_size=4)
     tensor([[ 0.,  1.,  2.],
             [13., 14., 15.]])
     """
@@ -47,6 +52,7 @@ def completion_rewards(decode: Callable[[Tensor], Tensor], latents: Tensor, prom
     flat_prompts = [p for p in prompts for _ in range(per_row)]
     rows = torch.arange(batch).repeat_interleave(per_row)  # [B * K] the trajectory of each image
     size = chunk_size or max(len(flat), 1)
-    scores = [score(decode(flat[i:i + size]), flat_prompts[i:i + size], rows[i:i + size]).float().reshape(-1)
+    scores = [score(decode(flat[i:i + size], rows[i:i + size]), flat_prompts[i:i + size], rows[i:i + size])
+              .float().reshape(-1)
               for i in range(0, len(flat), size)]
     return torch.cat(scores).reshape(batch, per_row)

@@ -6,12 +6,12 @@ and TempFlow-GRPO (its branch points) differ only in which states they complete.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from flowrl.sampling.completion_rewards import ScoreFn, completion_rewards
+from flowrl.sampling.completion_rewards import DecodeFn, ScoreFn, completion_rewards
 from flowrl.sampling.ode_complete import complete_trajectories
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.sampler import VelocityFn
@@ -54,12 +54,13 @@ class Completions:
 
     @torch.no_grad()
     def score(self, rollout: Rollout, starts: Optional[Tensor], velocity: VelocityFn,
-              decode: Callable[[Tensor], Tensor], total_score: ScoreFn, step_kind: str) -> tuple[Tensor, Tensor]:
+              decode: DecodeFn, total_score: ScoreFn, step_kind: str) -> tuple[Tensor, Tensor]:
         """``R [B, K]``, the weighted total reward of the ODE completion of each row's state ``starts[k]`` (None:
         every state before a step), and the evaluations it took per row ``[B]``.
 
         Args:
-            velocity: ``(z, sigma, rows) -> v`` with ``rows`` indexing the rollout's rows.
+            velocity: ``(z, sigma, rows) -> v`` with ``rows`` indexing the rollout's rows; decode: see
+                :data:`~flowrl.sampling.completion_rewards.DecodeFn` (its ``rows`` index the rollout's rows).
             step_kind: the deterministic step (``ode``, or ``ddim_ode`` for epsilon models).
         """
         if self.completion_steps == 0:
@@ -69,7 +70,7 @@ class Completions:
         rewards = completion_rewards(decode, completed.latents, rollout.prompts, total_score, self.reward_chunk_size)
         return rewards, completed.nfe.sum(1)
 
-    def score_reused(self, rollout: Rollout, starts: Tensor, decode: Callable[[Tensor], Tensor],
+    def score_reused(self, rollout: Rollout, starts: Tensor, decode: DecodeFn,
                      total_score: ScoreFn, step_kind: str) -> tuple[Tensor, Tensor]:
         """One deterministic step from ``z_k`` straight to sigma 0 with the sampler's own velocity at ``z_k``
         (``rollout.velocities``): no model evaluation."""

@@ -16,6 +16,7 @@ from flowrl.policies.sd15 import noise_to_signal
 from flowrl.rewards.pil_images import to_pil
 from tests.policies.fidelity import NEGATIVE, PROMPTS, Case, packed
 from tests.policies.tiny_editing import CONDITION_AREA, SOURCE_AREA, source_images
+from tests.policies.tiny_hunyuan15 import SHORT_TEXT, short_text
 
 LORA = LoraOptions(rank=4, alpha=8)
 WAN_SIZE = dict(height=32, width=48, num_frames=9)  # non-square: 4 x 6 latents
@@ -113,6 +114,7 @@ def hunyuan15_text(pipe, cond, rows: int = 2):
     """The pipeline's four encodings (Qwen embeddings and mask, ByT5 glyph embeddings and mask) of the prompts and of
     the negative prompt, beside the policy's ``embeds`` and ``extra`` (a quoted glyph text: test_hunyuan_video15.py)."""
     ours = [cond.embeds, *cond.extra.values(), cond.null_embeds, *cond.null_extra.values()]
+    short_text(pipe)
     theirs = [*pipe.encode_prompt(list(PROMPTS[:rows]), "cpu", batch_size=rows),
               *pipe.encode_prompt([NEGATIVE] * rows, "cpu", batch_size=rows)]
     return list(zip(ours, theirs))
@@ -120,6 +122,7 @@ def hunyuan15_text(pipe, cond, rows: int = 2):
 
 def hunyuan15_call(policy, pipe, guidance, rows: int = 2, **kw):
     hunyuan15_guided(pipe, guidance)
+    short_text(pipe)
     return dict(prompt=list(PROMPTS[:rows]), negative_prompt=[NEGATIVE] * rows, num_frames=5, **kw)
 
 
@@ -204,13 +207,13 @@ CASES = {
         wan_text, images=lambda: [[first_frame()], [first_frame()]]),
     "HunyuanVideo 1.5 T2V": Case(
         "hunyuan15_t2v", lambda p: policies.HunyuanVideo15Policy(p, lora=LORA, negative_prompt=NEGATIVE,
-                                                                 **HY15_SIZE).load(),
+                                                                 **HY15_SIZE, **SHORT_TEXT).load(),
         "HunyuanVideo15Pipeline", lambda policy, pipe, g: hunyuan15_call(policy, pipe, g, height=12, width=16),
         hunyuan15_text),
     # one prompt: the image-to-video pipeline encodes one image for the batch; its 40 x 56 frame's bucket is 12 x 16
     "HunyuanVideo 1.5 I2V": Case(
         "hunyuan15_i2v", lambda p: policies.HunyuanVideo15I2VPolicy(p, lora=LORA, negative_prompt=NEGATIVE,
-                                                                    **HY15_SIZE).load(),
+                                                                    **HY15_SIZE, **SHORT_TEXT).load(),
         "HunyuanVideo15ImageToVideoPipeline", lambda policy, pipe, g: hunyuan15_call(
             policy, pipe, g, rows=1, image=to_pil(first_frame()[None])[0]),
         lambda pipe, cond: hunyuan15_text(pipe, cond, rows=1),

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from flowrl.config_nodes import class_at
 from tests.policies.edit_records import write_records
 from tests.policies.tiny_editing import CONDITION_AREA, SOURCE_AREA
+from tests.policies.tiny_hunyuan15 import SHORT_TEXT
 
 PROMPTS = ["a red cat", "a blue dog"]
 
@@ -64,9 +65,10 @@ FAMILIES = {
                    {"height": 32, "width": 32, "num_frames": 5, "frame_rate": 30.0, "max_sequence_length": 16}),
     # HunyuanVideo 1.5 (tiny: 12 x 16 px, a bucket of its target size; 5 frames); image-to-video with a first frame
     "hunyuan15": Family("flowrl.policies.HunyuanVideo15Policy", "hunyuan15_dirs",
-                        {"height": 12, "width": 16, "num_frames": 5}, key="hunyuan15_t2v"),
+                        {"height": 12, "width": 16, "num_frames": 5, **SHORT_TEXT}, key="hunyuan15_t2v"),
     "hunyuan15_i2v": Family("flowrl.policies.HunyuanVideo15I2VPolicy", "hunyuan15_dirs",
-                            {"height": 12, "width": 16, "num_frames": 5}, records=1, key="hunyuan15_i2v"),
+                            {"height": 12, "width": 16, "num_frames": 5, **SHORT_TEXT}, records=1,
+                            key="hunyuan15_i2v"),
 }
 
 #: method: (class path, options that keep its rollout small)

@@ -65,7 +65,7 @@ BAD = {
     "wan_experts": {"num_frames": 6, "trained_experts": [], "torch_dtype": "bf16"},
     "wan_i2v": {"width": 17, "max_sequence_length": 16, "image_cache_size": -1},
     "ltx2": {"height": 48, "frame_rate": 0.0, "guidance_rescale": 2.0},
-    "hunyuan15": {"width": 17, "flow_shift": -1.0, "vae_chunk_size": 0},
+    "hunyuan15": {"width": 17, "flow_shift": -1.0, "vae_chunk_size": 0, "max_sequence_length": 0},
     "hunyuan15_i2v": {"width": 24, "num_frames": 6, "image_cache_size": -1},  # 12 x 24: no bucket of target size 16
 }
 

@@ -19,13 +19,14 @@ from flowrl.policies.pipeline_policy import PolicyOptionsError
 from tests.cli.no_weights import Built, stop_when_built
 from tests.policies.pipeline_oracle import start_noise
 from tests.policies.test_wan_fit import ROOT, logged, samples_per_rollout
+from tests.policies.tiny_hunyuan15 import SHORT_TEXT, short_text
 
 SIZE = dict(height=12, width=16, num_frames=5)
 PROMPTS, SEEDS, STEPS, GUIDANCE = ["a red cat", "a blue dog"], torch.tensor([3, 4]), 2, 4.0
 
 
 def policy(path, **kw):
-    return HunyuanVideo15Policy(path, lora=LoraOptions(rank=4, alpha=8), **{**SIZE, **kw}).load()
+    return HunyuanVideo15Policy(path, lora=LoraOptions(rank=4, alpha=8), **{**SIZE, **SHORT_TEXT, **kw}).load()
 
 
 def test_the_glyph_encoder_reads_the_quoted_text_only(hunyuan15_dirs):
@@ -35,10 +36,12 @@ def test_the_glyph_encoder_reads_the_quoted_text_only(hunyuan15_dirs):
     cond = hy.encode(['a sign "hi" and \u201cok\u201d', "a dog"])
     assert cond.extra["glyph_mask"].sum(1).tolist() == [23.0, 0.0]
     assert cond.extra["glyph_embeds"][1].abs().max() == 0
-    theirs, mask = HunyuanVideo15Pipeline._get_byt5_prompt_embeds(hy.tokenizer_2, hy.text_encoder_2,
-                                                                  ['a sign "hi" and \u201cok\u201d'], "cpu")
+    theirs, mask = HunyuanVideo15Pipeline._get_byt5_prompt_embeds(
+        hy.tokenizer_2, hy.text_encoder_2, ['a sign "hi" and \u201cok\u201d'], "cpu",
+        tokenizer_max_length=SHORT_TEXT["glyph_max_sequence_length"])
     torch.testing.assert_close(cond.extra["glyph_embeds"][:1], theirs, rtol=0, atol=0)
-    assert cond.extra["mask"].shape == (2, 1000) and cond.embeds.shape[1] == 1000  # the pipeline's 1000 tokens
+    # the policy's lengths (the pipeline's 1000 and 256 by default)
+    assert cond.extra["mask"].shape == (2, 32) and cond.embeds.shape[1] == 32 and mask.shape == (1, 32)
 
 
 def edited(src: str, out, component: str, **changes) -> str:
@@ -78,7 +81,7 @@ def test_lora_and_merged_exports_load_into_the_plain_pipeline_and_reproduce_the_
 
     def pipe_latents(pipe):
         pipe.guider = pipe.guider.new(guidance_scale=GUIDANCE)
-        pipe.set_progress_bar_config(disable=True)
+        short_text(pipe).set_progress_bar_config(disable=True)
         return pipe(prompt=PROMPTS, negative_prompt=[""] * 2, latents=start_noise(hy, SEEDS),
                     num_inference_steps=STEPS, output_type="latent", **SIZE).frames
 
@@ -130,8 +133,8 @@ def test_the_videoreward_tempflow_config_fits_one_batch(hunyuan15_dirs, tmp_path
                              {"class_path": "tests.cli.dump_outputs.DumpOutputs",
                               "init_args": {"out": str(tmp_path)}}]},
              "model": {"init_args": {"policy": {"init_args": {
-                 "model": hunyuan15_dirs["hunyuan15_t2v"], **SIZE, "torch_dtype": "float32", "autocast": None,
-                 "vae_tiling": False, "lora": {"rank": 4, "alpha": 8}}}, **method}},
+                 "model": hunyuan15_dirs["hunyuan15_t2v"], **SIZE, **SHORT_TEXT, "torch_dtype": "float32",
+                 "autocast": None,                 "vae_tiling": False, "lora": {"rank": 4, "alpha": 8}}}, **method}},
              "data": {"prompts": PROMPTS[:1], "num_groups": 1, "group_size": samples_per_rollout(config, method)}}
     overlay = tmp_path / "tiny.yaml"
     overlay.write_text(yaml.safe_dump(layer))

@@ -27,11 +27,16 @@ def ltx2(path, **kw):
                                **kw}).load()
 
 
-def pipe_call(pipe, policy, noise, steps=STEPS, guidance=GUIDANCE, **kw):
-    """The pipeline from flowrl's start ``noise`` (the video tokens as ``latents``; the audio tokens as
-    ``audio_latents``, which the pipeline normalises: given un-normalised), with the policy's guidance settings and
-    neither STG nor modality guidance."""
+def pipe_call(pipe, policy, noise, steps=STEPS, guidance=GUIDANCE, unpacked=False, **kw):
+    """The pipeline from flowrl's start ``noise`` (the video tokens as ``latents``, ``unpacked``: as the un-normalised
+    ``[B, C, F, h, w]`` grid the image-to-video pipeline takes and normalises; the audio tokens as ``audio_latents``,
+    which the pipeline normalises: given un-normalised), with the policy's guidance settings and neither STG nor
+    modality guidance."""
     video, audio = policy.layout.tokens(noise)
+    if unpacked:
+        vae = pipe.vae
+        video = pipe._denormalize_latents(pipe._unpack_latents(video, *policy.layout.video_grid), vae.latents_mean,
+                                          vae.latents_std, vae.config.scaling_factor)
     mean, std = pipe.audio_vae.latents_mean, pipe.audio_vae.latents_std
     pipe.set_progress_bar_config(disable=True)
     return pipe(prompt=list(PROMPTS), negative_prompt=NEGATIVE, latents=video, audio_latents=audio * std + mean,

@@ -23,9 +23,18 @@ from tests.policies.tiny_families import _token_ids
 
 LATENT, TEXT_DIM, GLYPH_DIM, IMAGE_DIM = 4, 16, 32, 12
 HEIGHT, WIDTH, FRAMES = 12, 16, 5  # a bucket of target_size 16; 3 latent frames of 3 x 4
+#: the prompt lengths the tests run at (the published 1000 Qwen and 256 ByT5 tokens would be padding on every call)
+SHORT_TEXT = {"max_sequence_length": 32, "glyph_max_sequence_length": 32}
 #: the system prefix HunyuanVideo15Pipeline drops, and the message it is built from (the function's own default)
 DROP = 108
 SYSTEM = inspect.signature(HunyuanVideo15Pipeline._get_mllm_prompt_embeds).parameters["system_message"].default
+
+
+def short_text(pipe):
+    """``pipe`` encoding prompts at the tests' lengths (:data:`SHORT_TEXT`; the pipeline reads them from attributes)."""
+    pipe.tokenizer_max_length = SHORT_TEXT["max_sequence_length"]
+    pipe.tokenizer_2_max_length = SHORT_TEXT["glyph_max_sequence_length"]
+    return pipe
 
 
 def hunyuan_tokenizer():

@@ -119,10 +119,10 @@ def test_completion_rewards_score_every_image_once_in_chunks():
         calls.append(rows.tolist())
         return images.flatten(1).sum(1) + torch.tensor([float(p) for p in prompts])
 
-    rewards = completion_rewards(lambda z: z * 2, latents, ["10", "20", "30"], score, chunk_size=5)
+    rewards = completion_rewards(lambda z, rows: z * 2, latents, ["10", "20", "30"], score, chunk_size=5)
     # 12 images, at most 5 per decode + score call, each told the trajectory it completes
     assert calls == [[0, 0, 0, 0, 1], [1, 1, 1, 2, 2], [2, 2]]
     expected = 2 * latents.flatten(2).sum(2) + torch.tensor([[10.0], [20.0], [30.0]])
     assert torch.allclose(rewards, expected)
     with pytest.raises(ValueError, match="one prompt per trajectory"):
-        completion_rewards(lambda z: z, latents, ["a"], score)
+        completion_rewards(lambda z, rows: z, latents, ["a"], score)
