@@ -63,6 +63,11 @@ FAMILIES = {
     # LTX-2 text-to-video: the joint audio-video state (30 fps: 4 audio latent frames, a state of 3088 = 16 x 193)
     "ltx2": Family("flowrl.policies.LTX2Policy", "ltx2_dir",
                    {"height": 32, "width": 32, "num_frames": 5, "frame_rate": 30.0, "max_sequence_length": 16}),
+    # LTX-2 image-to-video: a first frame per record, kept out of the state (2 x 16 x 16 x 4 + 16 = 2064 = 16 x 129);
+    # no H.264 re-compression (PyAV is not a dependency)
+    "ltx2_i2v": Family("flowrl.policies.LTX2I2VPolicy", "ltx2_dir",
+                       {"height": 32, "width": 32, "num_frames": 5, "frame_rate": 30.0, "max_sequence_length": 16,
+                        "image_crf": 0}, records=1),
     # HunyuanVideo 1.5 (tiny: 12 x 16 px, a bucket of its target size; 5 frames); image-to-video with a first frame
     "hunyuan15": Family("flowrl.policies.HunyuanVideo15Policy", "hunyuan15_dirs",
                         {"height": 12, "width": 16, "num_frames": 5, **SHORT_TEXT}, key="hunyuan15_t2v"),
@@ -138,7 +143,7 @@ def config(method: str, family_name: str, model_dir: str, out: Path) -> dict:
     prompts = str(write_records(out / "data", sizes=((40, 48), (32, 32)), per_record=family.records)) \
         if family.records else PROMPTS
     # a video's first frame is not an edit's source
-    edits = family.records and not any(name in family.policy for name in ("Wan", "HunyuanVideo"))
+    edits = family.records and not any(name in family.policy for name in ("Wan", "HunyuanVideo", "LTX2"))
     reward = ({"class_path": "flowrl.rewards.EditConsistency", "init_args": {"size": 8}} if edits else
               {"class_path": "flowrl.rewards.JpegIncompressibility"})
     return {"seed_everything": 3,

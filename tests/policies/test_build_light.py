@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flowrl.policies import (Flux2Policy, FluxKontextPolicy, FluxPolicy, HunyuanVideo15I2VPolicy,
-                             HunyuanVideo15Policy, LTX2Policy, QwenImage21Policy, QwenImageEditPolicy, QwenImagePolicy,
+                             HunyuanVideo15Policy, LTX2I2VPolicy, LTX2Policy, QwenImage21Policy, QwenImageEditPolicy, QwenImagePolicy,
                              SD3Policy, SD15Policy, TinyFlowPolicy, WanI2VPolicy, WanPolicy, ZImagePolicy)
 from flowrl.policies.base import LoraOptions
 
@@ -44,6 +44,9 @@ FAMILIES = {
     # LTX-2's joint audio-video state, one flat vector: 3 x 16 x 16 video tokens of 4, then 4 audio tokens of 4
     "ltx2": (LTX2Policy, "ltx2_dir", {"height": 32, "width": 32, "num_frames": 5, "frame_rate": 30.0,
                                       "max_sequence_length": 16}, (3088,), "cfg", 0, "velocity"),
+    # image-to-video: the first latent frame (16 x 16 tokens of 4) kept out of the state
+    "ltx2_i2v": (LTX2I2VPolicy, "ltx2_dir", {"height": 32, "width": 32, "num_frames": 5, "frame_rate": 30.0,
+                                             "max_sequence_length": 16, "image_crf": 0}, (2064,), "cfg", 1, "velocity"),
     "hunyuan15": (HunyuanVideo15Policy, "hunyuan15_dirs:hunyuan15_t2v", HY15, (4, 3, 3, 4), "cfg", 0, "velocity"),
     "hunyuan15_i2v": (HunyuanVideo15I2VPolicy, "hunyuan15_dirs:hunyuan15_i2v", HY15, (4, 3, 3, 4), "cfg", 1,
                       "velocity"),
@@ -65,6 +68,7 @@ BAD = {
     "wan_experts": {"num_frames": 6, "trained_experts": [], "torch_dtype": "bf16"},
     "wan_i2v": {"width": 17, "max_sequence_length": 16, "image_cache_size": -1},
     "ltx2": {"height": 48, "frame_rate": 0.0, "guidance_rescale": 2.0},
+    "ltx2_i2v": {"width": 48, "image_crf": -1, "image_cache_size": -1},
     "hunyuan15": {"width": 17, "flow_shift": -1.0, "vae_chunk_size": 0, "max_sequence_length": 0},
     "hunyuan15_i2v": {"width": 24, "num_frames": 6, "image_cache_size": -1},  # 12 x 24: no bucket of target size 16
 }

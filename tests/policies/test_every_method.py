@@ -31,7 +31,9 @@ COVERING = [("flow_grpo", "zimage"), ("flow_grpo", "wan"),
             ("mix_grpo", "qwen_image"), ("mix_grpo", "flux2"), ("gcpo", "zimage"), ("gcpo", "kontext"),
             ("flash_grpo", "wan"), ("flash_grpo", "qwen_edit"),
             # HunyuanVideo 1.5 image-to-video (text-to-video: TempFlow-GRPO with VideoReward in test_hunyuan_video15.py)
-            ("flow_grpo", "hunyuan15_i2v")]
+            ("flow_grpo", "hunyuan15_i2v"),
+            # LTX-2 image-to-video: the completions decode with their trajectories' first frames
+            ("dense_grpo", "ltx2_i2v")]
 
 
 def model_dir(request, family: str) -> str:

@@ -1,5 +1,6 @@
 """The LTX-2 configs of configs/ (``test_shipped_configs.py`` leaves them here): each passes the checks a real run makes
-before loading, as shipped, with the tiny LTX-2 folder swapped in; and the TempFlow-GRPO config with VideoAlign's
+before loading, as shipped, with the tiny LTX-2 folder swapped in (image-to-video: with prompt records of one first
+frame each); and the TempFlow-GRPO config with VideoAlign's
 VideoReward fits one batch on the tiny LTX-2 with a tiny VideoReward judge in its place (CPU, float32, 32 px, 5
 frames): a tree rollout scored by each of the judge's dimensions and an on-policy update of the video stream's LoRA."""
 
@@ -11,11 +12,12 @@ import yaml
 
 from flowrl.cli import main
 from tests.cli.no_weights import Built, stop_when_built
+from tests.policies.edit_records import write_records
 from tests.policies.test_wan_fit import logged, samples_per_rollout
 from tests.policies.tiny_ltx2 import FRAME_RATE, FRAMES, HEIGHT, WIDTH
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ["ltx2_flow_grpo", "ltx2_videoreward_tempflow_grpo"]
+CONFIGS = ["ltx2_flow_grpo", "ltx2_i2v_flow_grpo", "ltx2_videoreward_tempflow_grpo"]
 PROMPTS = "[a red cat, a blue dog]"
 
 
@@ -28,8 +30,10 @@ def test_each_ltx2_config_passes_the_checks_before_loading_as_shipped(ltx2_dir, 
     stop_when_built(monkeypatch, {})  # the run is built, every weight load refused
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the machine the config is for
     monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
+    monkeypatch.setattr("diffusers.utils.is_av_available", lambda: True)  # image-to-video's H.264 first frame
+    prompts = write_records(tmp_path / "data") if "i2v" in config else PROMPTS  # one first frame a record
     with pytest.raises(Built):  # a SystemExit here is a problem the checks found: its text names it
-        main(["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), f"--data.prompts={PROMPTS}",
+        main(["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), f"--data.prompts={prompts}",
               f"--model.init_args.policy.init_args.model={ltx2_dir}", f"--trainer.default_root_dir={tmp_path}"])
 
 
