@@ -49,8 +49,8 @@ def default_crf(path: str) -> int:
 def crf_problems(image_crf: Optional[int], resolved: int) -> list[str]:
     """What stops the first frame's H.264 re-compression at ``resolved`` (``image_crf`` None: the pipeline's default).
 
-    >>> crf_problems(-1, -1)
-    ['policy.image_crf=-1 must be >= 0 (0: no re-compression; null: the pipeline's default)']
+    >>> crf_problems(-1, -1), crf_problems(0, 0)
+    (["policy.image_crf=-1 must be >= 0 (0: no re-compression; null: the pipeline's default)"], [])
     """
     from diffusers.utils import is_av_available
 

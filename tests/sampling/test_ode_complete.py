@@ -113,15 +113,19 @@ def test_bad_inputs_name_the_problem(trajectories):
 
 def test_completion_rewards_score_every_image_once_in_chunks():
     latents = torch.randn(3, 4, 1, 2, 2)
-    calls = []
+    calls, decoded = [], []
 
     def score(images, prompts, rows):
         calls.append(rows.tolist())
         return images.flatten(1).sum(1) + torch.tensor([float(p) for p in prompts])
 
-    rewards = completion_rewards(lambda z, rows: z * 2, latents, ["10", "20", "30"], score, chunk_size=5)
+    def decode(z, rows):  # the decode is told the rows too (LTX-2 image-to-video decodes with each row's first frame)
+        decoded.append(rows.tolist())
+        return z * 2
+
+    rewards = completion_rewards(decode, latents, ["10", "20", "30"], score, chunk_size=5)
     # 12 images, at most 5 per decode + score call, each told the trajectory it completes
-    assert calls == [[0, 0, 0, 0, 1], [1, 1, 1, 2, 2], [2, 2]]
+    assert calls == decoded == [[0, 0, 0, 0, 1], [1, 1, 1, 2, 2], [2, 2]]
     expected = 2 * latents.flatten(2).sum(2) + torch.tensor([[10.0], [20.0], [30.0]])
     assert torch.allclose(rewards, expected)
     with pytest.raises(ValueError, match="one prompt per trajectory"):
