@@ -34,6 +34,13 @@ RING_BACKENDS = ("flash", "_native_cudnn", "_native_flash", "sage")
 #: the policies whose split sequence flowrl knows before loading (``denoiser_kind``, :func:`split_sequence`); a
 #: family with a diffusers ``_cp_plan`` but no entry here is refused, not guessed
 SEQUENCES = ("WanExperts",)
+#: denoisers that have a ``_cp_plan`` in diffusers 0.42.1 and that flowrl still refuses to split, with the reason
+UNSPLIT = {
+    "LTX2VideoTransformer3DModel": "its plan splits the video tokens and the prompt but not the audio stream, whose "
+                                   "attentions diffusers then runs under the same context-parallel config on whole, "
+                                   "unsplit sequences (every attention processor gets the config); no 2-process "
+                                   "equality with one process is established for the joint audio-video model",
+}
 
 
 def split_sequence(policy: Any) -> tuple[int, int]:
@@ -72,6 +79,10 @@ def context_parallel_problems(policy: Any, degree: int, attention: str, world: O
                            f"({cls.__name__ if cls else kind or 'unknown'}) has no context-parallel plan in "
                            "diffusers (`_cp_plan`); set context_parallel_size: 1 (FSDP2 alone), or use a family "
                            "that has one (Wan)"]
+    if kind in UNSPLIT:
+        return problems + [f"{key}context_parallel_size={degree}: {type(policy).__name__}'s denoiser ({kind}) is not "
+                           f"split by flowrl: {UNSPLIT[kind]}; set context_parallel_size: 1 (FSDP2 alone shards its "
+                           "weights)"]
     if kind not in SEQUENCES:
         return problems + [f"{key}context_parallel_size={degree}: flowrl does not yet split {type(policy).__name__}'s "
                            f"sequence (it splits {list(SEQUENCES)}); set context_parallel_size: 1"]
