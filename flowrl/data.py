@@ -48,8 +48,10 @@ def data_parallel_rank(trainer) -> tuple[int, int]:
     """``(replica, replicas)`` of ``trainer`` (None: ``(0, 1)``): Lightning's data-parallel rank and world
     (``trainer.distributed_sampler_kwargs``), every process under DDP or FSDP2, one per context-parallel group
     under context parallelism (its processes split one clip, so they share a batch)."""
-    kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
-    return (int(kwargs["rank"]), int(kwargs["num_replicas"])) if kwargs else (0, 1)
+    kwargs = getattr(trainer, "distributed_sampler_kwargs", None)
+    if kwargs:
+        return int(kwargs["rank"]), int(kwargs["num_replicas"])
+    return getattr(trainer, "global_rank", 0), getattr(trainer, "world_size", 1)  # one device (or a stand-in)
 
 
 @dataclass(frozen=True)

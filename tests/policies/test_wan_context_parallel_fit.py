@@ -22,11 +22,12 @@ SPLIT = ["--trainer.devices=2", "--trainer.strategy=flowrl.strategies.FSDP2Strat
 
 
 def args(model_dir: str, out: Path, *extra: str) -> list[str]:
-    """Two batches of FlowGRPO on the tiny Wan 2.1 clip (9 frames at 32 px: 12 patch tokens, 2 heads), SGD with
-    lr 1 so that the second batch samples from visibly trained weights."""
+    """Two batches of FlowGRPO (2 prompts x 2 samples) on the tiny Wan 2.1 clip (9 frames at 32 px: 12 patch tokens,
+    2 heads), SGD with lr 1 so that the second batch samples from visibly trained weights."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(config("flow_grpo", "wan", model_dir, out)))
-    return ["fit", "--config", str(out / "config.yaml"), *COMMON, f"--trainer.callbacks.out={out}/dump", *extra]
+    return ["fit", "--config", str(out / "config.yaml"), *COMMON, "--data.num_groups=2",
+            f"--trainer.callbacks.out={out}/dump", *extra]
 
 
 def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
@@ -51,17 +52,20 @@ def test_a_context_parallel_group_fits_as_one_process(two_process_fits):
             assert torch.equal(ranks[0][key], mine[key]) and torch.equal(ranks[1][key], mine[key]), (step, key)
         for key in ("rewards", "advantages"):  # the gathered output is whole on both: equal to the bit
             assert torch.equal(ranks[0][key], ranks[1][key]), (step, key)
-            torch.testing.assert_close(ranks[0][key], mine[key], rtol=1e-4, atol=1e-5, msg=f"{step} {key}")
+            # measured equal to 1 process's too (the frames' JPEG sizes absorb the velocity's last bits)
+            torch.testing.assert_close(ranks[0][key], mine[key], rtol=1e-5, atol=1e-6, msg=f"{step} {key}")
     logged_one, logged_two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    # counted once per replica: the 2 processes' rollouts are one batch's 4 x 3 evaluations (a CFG pair each)
+    # counted once per replica: the 2 processes' rollouts are one batch's 4 samples x 3 steps
     assert logged_two["rollout/evaluations"] == logged_one["rollout/evaluations"] == 4 * 3
-    for key in ("train/reward/total", "train/advantage/std", "train/loss", "train/grad_norm"):
-        assert logged_two[key] == pytest.approx(logged_one[key], rel=1e-4, abs=1e-6), key
+    # the loss is the same 0 on both (ratio 1, zero-mean advantages); its gradient is the sum of the two halves' token
+    # shares, which float32 adds in another order: measured 1e-7 relative (1.9e-9 of 0.0186)
+    for key in ("train/reward/total", "train/advantage/std", "train/grad_norm"):
+        assert logged_two[key] == pytest.approx(logged_one[key], rel=1e-5, abs=1e-8), key
     assert logged_two["train/check_ratio_max_dev"] < 1e-5  # the split forward replays its own rollout's log-probs
     w1, w2 = torch.load(tmp_path / "one/dump/weights.pt"), torch.load(tmp_path / "two/dump/weights.pt")
     assert w1.keys() == w2.keys() and len(w1) >= 8
-    for name, weight in w1.items():
-        torch.testing.assert_close(w2[name], weight, rtol=1e-4, atol=1e-6, msg=name)
+    for name, weight in w1.items():  # SGD with lr 1: the gradients' rounding, measured at most 2.1e-9 after 2 steps
+        torch.testing.assert_close(w2[name], weight, rtol=1e-5, atol=1e-7, msg=name)
     assert any(not torch.equal(w, torch.zeros_like(w)) for k, w in w1.items() if "lora_B" in k)  # trained
 
 
