@@ -62,7 +62,8 @@ def split_sequence(policy: Any) -> tuple[int, int]:
 def context_parallel_problems(policy: Any, degree: int, attention: str, world: Optional[int],
                               key: str = "trainer.strategy.") -> list[str]:
     """Why ``policy`` (built, not loaded) cannot split its clip over ``degree`` processes with ``attention`` among
-    ``world`` processes (None: not known yet), each naming the option and a fix; empty when it can."""
+    ``world`` processes (None: not known yet), each naming the option and a fix; empty when it can. A stand-in for a
+    policy that could not be built (its folder missing) is checked by its family alone (``denoiser_kind``)."""
     if degree == 1:
         return []
     problems = []
@@ -86,6 +87,8 @@ def context_parallel_problems(policy: Any, degree: int, attention: str, world: O
     if kind not in SEQUENCES:
         return problems + [f"{key}context_parallel_size={degree}: flowrl does not yet split {type(policy).__name__}'s "
                            f"sequence (it splits {list(SEQUENCES)}); set context_parallel_size: 1"]
+    if not hasattr(policy, "denoiser_config"):  # a stand-in for a policy whose folder is missing: no sizes yet
+        return problems
     tokens, heads = split_sequence(policy)
     if tokens % degree:
         problems.append(f"{key}context_parallel_size={degree} does not divide the clip's {tokens} patch tokens "

@@ -19,7 +19,7 @@ from tests.test_prompt_records import png
 ROOT = Path(__file__).resolve().parents[2]
 #: every video config of configs/ (test_shipped_configs.py leaves them here) and the tiny pipeline it runs on
 CONFIGS = {"wan21_flow_grpo": "wan21", "wan22_flow_grpo": "wan22", "wan_i2v_flow_grpo": "wan21_i2v",
-           "wan21_tempflow_grpo": "wan21"}
+           "wan21_tempflow_grpo": "wan21", "wan21_flow_grpo_cp": "wan21"}
 #: video configs fitted by the test of their reward, with a tiny judge in place of the cheap rewards used here
 FITTED_WITH_THEIR_REWARD = {"wan21_videoreward_flow_grpo": "tests/rewards/test_video_judges.py"}
 #: video configs whose options do not survive this file's 3-step shrink (Flash-GRPO's pool lists the 10 steps it
