@@ -79,8 +79,8 @@ def policy_stand_in(node: Any) -> Any:
     """What the checks read of a policy that could not be built (its options refused, its model folder missing),
     from its parsed config ``{class_path, init_args}``: an object whose class is named as the policy's, with the
     options the config gives it that the method's checks read (``lora``, Wan's ``guidance_scale_2``), its class's
-    ``prediction``, ``conditioning_images`` and ``denoiser_kind``, and a video policy's ``num_frames`` (the declared default where
-    unset). The checks that need its configs (the guidance kind) are left out.
+    ``prediction``, ``conditioning_images`` and ``denoiser_kind``, and a video policy's ``num_frames`` (the declared
+    default where unset). The checks that need its configs (the guidance kind, a clip's token count) are left out.
 
     >>> policy = policy_stand_in({"class_path": "flowrl.policies.WanI2VPolicy", "init_args": {"num_frames": 9}})
     >>> type(policy).__name__, policy.conditioning_images, policy.num_frames, hasattr(policy, "lora")

@@ -103,9 +103,9 @@ def test_the_data_module_gives_a_context_parallel_group_one_batch():
     for rank in range(4):  # 4 processes in 2 groups of 2
         data = PromptDataModule(["a", "b", "c", "d"], val_prompts=["e", "f", "g", "h"], group_size=2, num_groups=2,
                                 val_batch_size=1)
+        progress = SimpleNamespace(batch_progress=SimpleNamespace(total=SimpleNamespace(processed=0)))
         data.trainer = SimpleNamespace(**vars(stand_in(rank, 4, 2)), lightning_module=None,
-                                       fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(
-                                           total=SimpleNamespace(processed=0)))))
+                                       fit_loop=SimpleNamespace(epoch_loop=progress))
         data.setup("fit")
         batches.append((next(iter(data.train_dataloader())), [b["seeds"].tolist() for b in data.val_dataloader()]))
     assert batches[0][0]["seeds"].tolist() == batches[1][0]["seeds"].tolist() != batches[2][0]["seeds"].tolist()
