@@ -82,8 +82,13 @@ def batch_line(prompts: int, group_size: int, method, trainer) -> str:
     >>> dense = N(num_steps=10, rollout_cost=lambda: (1, 65), calibration_evaluations=lambda: 32 * 5 * 65)
     >>> batch_line(8, 4, dense, trainer).partition("steps, ")[2]  # tiny_dense_grpo.yaml: 32 x 65; 5 x 32 x 65
     '2,080 model evaluations per batch; the first batch 12,480 with the 10,400 of its calibration (model.calibration)'
+    >>> split = N(world_size=8, strategy=N(root_device=N(type="cuda"), context_parallel_size=2))
+    >>> batch_line(4, 4, N(), split)
+    '4 prompts x 4 samples = 16 per batch on 8 processes in 4 groups of 2 splitting each clip (cuda)'
     """
     processes = f"{trainer.world_size} process{'es' if trainer.world_size > 1 else ''}"
+    if (split := getattr(trainer.strategy, "context_parallel_size", 1)) > 1:  # a group draws one replica's rows
+        processes += f" in {trainer.world_size // split} groups of {split} splitting each clip"
     line = f"{prompts} prompts x {group_size} samples = {prompts * group_size} per batch"
     cost = method.rollout_cost() if hasattr(method, "rollout_cost") else None
     if cost is not None and cost[0] > 1:  # rows are trees: say how many and how large

@@ -5,7 +5,8 @@ images the reward scores per prompt, for every method. A batch row is a rollout,
 or a tree (its leaves are the samples), so a prompt gets ``group_size / samples_per_rollout`` rows. Group ids are
 global integers from the sampler (``batch counter * num_groups + g``), never hashes of prompt text, and every row
 carries its own seed. A batch is a pure function of ``(seed, epoch, index, rank, world_size)``, which is what makes
-resuming exact.
+resuming exact. The rank and world are the data-parallel ones (:func:`data_parallel_rank`): under context
+parallelism the processes of one group are one replica and draw the same rows.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def load_prompts(source: Union[str, list[str]]) -> list[str]:
     if not prompts:
         raise ValueError(f"no prompts found in {source!r}; a training run needs at least one prompt")
     return prompts
+
+
+def data_parallel_rank(trainer) -> tuple[int, int]:
+    """``(replica, replicas)`` of ``trainer`` (None: ``(0, 1)``): Lightning's data-parallel rank and world
+    (``trainer.distributed_sampler_kwargs``), every process under DDP or FSDP2, one per context-parallel group
+    under context parallelism (its processes split one clip, so they share a batch)."""
+    kwargs = getattr(trainer, "distributed_sampler_kwargs", None)
+    if kwargs:
+        return int(kwargs["rank"]), int(kwargs["num_replicas"])
+    return getattr(trainer, "global_rank", 0), getattr(trainer, "world_size", 1)  # one device (or a stand-in)
 
 
 @dataclass(frozen=True)
@@ -265,7 +276,7 @@ class PromptDataModule(LightningDataModule):
         self.val_prompts = load_prompts(self.val_source)[:self.val_limit] if self.val_source is not None else []
         self.train_images = source_images(self.prompt_source, "data.prompts", self.trainer)  # None: prompts only
         self.val_images = source_images(self.val_source, "data.val_prompts", self.trainer)
-        world = self.trainer.world_size if self.trainer else 1
+        world = data_parallel_rank(self.trainer)[1]
         method = self.trainer.lightning_module if self.trainer else None
         per = method.rollout_cost()[0] if hasattr(method, "rollout_cost") else 1  # a tree's leaves
         self.layout = GroupLayout(len(self.prompts), self.num_groups, self.group_size, world,
@@ -277,12 +288,11 @@ class PromptDataModule(LightningDataModule):
         if self.trainer is None:
             return GroupBatchLoader(self.prompts, self.layout, 0, images=self.train_images)
         progress = self.trainer.fit_loop.epoch_loop.batch_progress.total  # over the run, not the epoch
-        return GroupBatchLoader(self.prompts, self.layout, self.trainer.global_rank, lambda: progress.processed,
-                                self.train_images)
+        return GroupBatchLoader(self.prompts, self.layout, data_parallel_rank(self.trainer)[0],
+                                lambda: progress.processed, self.train_images)
 
     def val_dataloader(self) -> EvalLoader:
-        rank = self.trainer.global_rank if self.trainer else 0
-        world = self.trainer.world_size if self.trainer else 1
+        rank, world = data_parallel_rank(self.trainer)
         return EvalLoader(eval_batches(self.val_prompts, self.val_samples_per_prompt, self.val_batch_size,
                                        10_000 * (self.seed + 1), rank, world), getattr(self, "val_images", None))
 

@@ -23,7 +23,7 @@ from tests.methods.fits_in_one_process import ROOT, run_in_one_process
 #: the modules whose 2-process fits share the group, in the order they run
 MODULES = ("tests.methods.test_two_ranks_equal_one", "tests.methods.test_likelihood_free_fsdp2",
            "tests.cli.test_fsdp2", "tests.policies.test_fsdp2_pipeline", "tests.policies.test_fsdp2_families",
-           "tests.policies.test_fsdp2_editing")
+           "tests.policies.test_fsdp2_editing", "tests.policies.test_wan_context_parallel_fit")
 #: the xdist group of every test that reads the fits
 GROUP = pytest.mark.xdist_group("two_process_group")
 

@@ -57,6 +57,7 @@ from flowrl.methods.option_surface import MethodOptionsError
 from flowrl.model_paths import MODEL_KEY, cache_only
 from flowrl.policies.pipeline_policy import PolicyOptionsError
 from flowrl.prompt_records import data_record_problems
+from flowrl.strategies.context_parallel import data_parallel_size
 
 DESCRIPTION = "flowrl: RL post-training of diffusion and flow-matching generators, a PyTorch Lightning plug-in."
 #: the subcommands that are not LightningCLI's: {name: (the top-level help's line, the module whose main runs it)}
@@ -131,8 +132,8 @@ class FlowRLCLI(LightningCLI):
             problems += unbuilt
         else:
             trainer = self.trainer
-            problems += built_problems(self.model, self.datamodule, trainer.num_devices * trainer.num_nodes,
-                                       trainer.max_steps)
+            problems += built_problems(self.model, self.datamodule, data_parallel_size(
+                trainer.strategy, trainer.num_devices * trainer.num_nodes), trainer.max_steps)
             problems += run_problems(self.model, self.model.policy, self.datamodule, trainer, ckpt, given)
         if problems:
             raise SystemExit("flowrl: invalid configuration:\n  " + "\n  ".join(problems))
@@ -214,7 +215,8 @@ class FlowRLCLI(LightningCLI):
         policy, data = getattr(self.model, "policy", None), self.datamodule
         if not hasattr(policy, "latent_shape") or not hasattr(data, "group_size"):
             return []
-        samples = data.num_groups * data.group_size // max(self.trainer.world_size, 1)
+        samples = data.num_groups * data.group_size // data_parallel_size(self.trainer.strategy,
+                                                                          max(self.trainer.world_size, 1))
         device = self.trainer.strategy.root_device
         return rollout_memory_problems(samples, self.model.num_steps, policy.latent_shape(), free_memory(device),
                                        f"the {device.type} device" if device.type != "cpu" else "this machine")

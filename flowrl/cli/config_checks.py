@@ -79,8 +79,8 @@ def policy_stand_in(node: Any) -> Any:
     """What the checks read of a policy that could not be built (its options refused, its model folder missing),
     from its parsed config ``{class_path, init_args}``: an object whose class is named as the policy's, with the
     options the config gives it that the method's checks read (``lora``, Wan's ``guidance_scale_2``), its class's
-    ``prediction`` and ``conditioning_images``, and a video policy's ``num_frames`` (the declared default where
-    unset). The checks that need its configs (the guidance kind) are left out.
+    ``prediction``, ``conditioning_images`` and ``denoiser_kind``, and a video policy's ``num_frames`` (the declared
+    default where unset). The checks that need its configs (the guidance kind, a clip's token count) are left out.
 
     >>> policy = policy_stand_in({"class_path": "flowrl.policies.WanI2VPolicy", "init_args": {"num_frames": 9}})
     >>> type(policy).__name__, policy.conditioning_images, policy.num_frames, hasattr(policy, "lora")
@@ -92,6 +92,8 @@ def policy_stand_in(node: Any) -> Any:
     if isinstance(predicts := getattr(cls, "prediction", None), str):
         attributes["prediction"] = predicts  # the family's, a class attribute: what the method's sampler reads
     attributes["conditioning_images"] = getattr(cls, "conditioning_images", 0)
+    if isinstance(kind := getattr(cls, "denoiser_kind", None), str):
+        attributes["denoiser_kind"] = kind  # the family's denoiser class: whether it can split a clip
     if isinstance(cls, type) and (frames := with_defaults(cls, given).get("num_frames")) is not None:
         attributes["num_frames"] = frames
     return type(getattr(cls, "__name__", "Policy"), (SimpleNamespace,), {})(**attributes)

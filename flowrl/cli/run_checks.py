@@ -23,6 +23,7 @@ from flowrl.cli.reward_checks import reward_policy_problems
 from flowrl.methods.option_surface import MethodOptionsError
 from flowrl.prompt_records import data_record_problems
 from flowrl.strategies.checks import strategy_problems
+from flowrl.strategies.context_parallel import data_parallel_size
 
 
 def run_problems(module: Any, policy: Any, data: Any, trainer: Any, ckpt: Optional[str] = None,
@@ -103,7 +104,7 @@ def unbuilt_method(config: Any, data: Any, method_problems: Optional[list[str]] 
     model, trainer = as_dict(config.get("model")), as_dict(config.get("trainer"))
     cls = class_at(model.get("class_path")) or BaseModule
     data = with_defaults(PromptDataModule, config.get("data")) if data is None else data
-    world = world_size(trainer) or 1
+    world = data_parallel_size(trainer.get("strategy"), world_size(trainer) or 1)  # replicas
     if method_problems is None:
         try:
             method = method_without_policy(cls, model.get("init_args"))

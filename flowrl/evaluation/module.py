@@ -25,7 +25,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from flowrl.callbacks.image_writer import image_name
-from flowrl.data import EvalLoader
+from flowrl.data import EvalLoader, data_parallel_rank
 from flowrl.evaluation.models import Model
 from flowrl.evaluation.signals import DISTANCES, mean_pairwise
 from flowrl.evaluation.suites import Suite
@@ -103,13 +103,13 @@ class Evaluator(RewardSetOwner, LightningModule):
 
     def predict_dataloader(self) -> EvalLoader:
         return EvalLoader(evaluation_batches(len(self.suite), self.seeds, self.prompts_per_batch,
-                                             self.trainer.global_rank, self.trainer.world_size))
+                                             *data_parallel_rank(self.trainer)))
 
     def on_predict_start(self) -> None:
         # every rank writes its own rows' images into rank zero's folder (a rank launched later may name another)
         self.image_dir = self.trainer.strategy.broadcast(self.image_dir)
         # the last rank holds the fewest batches (rank r takes batches b % world_size == r): known without asking
-        world = self.trainer.world_size
+        world = data_parallel_rank(self.trainer)[1]
         self.shared_batches = len(evaluation_batches(len(self.suite), self.seeds, self.prompts_per_batch, world - 1,
                                                      world))
 
@@ -197,5 +197,6 @@ class Evaluator(RewardSetOwner, LightningModule):
             return mine
         everyone: list = [None] * self.trainer.world_size
         torch.distributed.all_gather_object(everyone, mine)
+        everyone = everyone[::self.ranks.degree]  # a context-parallel group's processes hold the same rows
         return ([row for part in everyone for row in part[0]], [row for part in everyone for row in part[1]],
                 {k: v for part in everyone for k, v in part[2].items()})

@@ -186,7 +186,8 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
                  guided: bool) -> None:
         """The metrics every method logs (:class:`~flowrl.methods.step_metrics.StepMetrics`), the evaluations spent
         outside rollouts since the last batch among them."""
-        StepMetrics(self.log, self.reward_set, self.ranks.global_metrics).log_step(
+        ranks = self.ranks
+        StepMetrics(self.log, self.reward_set, ranks.global_metrics, ranks.once).log_step(
             rollout, batch, metrics, sampling_s, guided and self.guidance_scale != 1.0, self.unlogged_evaluations)
         self.unlogged_evaluations = 0.0
 

@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from flowrl.data import data_parallel_rank
 from flowrl.methods.batch import Batch
 from flowrl.methods.flow_grpo import FlowGRPO
 from flowrl.policies.base import FlowPolicy
@@ -128,10 +129,10 @@ class DenseGRPO(FlowGRPO):
         Returns:
             the calibrated ``psi [T]`` (also in ``self.noise_scales``; identical on every rank).
         """
-        world, rank, options = self.trainer.world_size, self.trainer.global_rank, self.calibration
+        (rank, world), options = data_parallel_rank(self.trainer), self.calibration  # replicas sample the shares
         if options.samples % world:
             raise ValueError(f"model.calibration.samples={options.samples} must be a multiple of the "
-                             f"{world} processes (each samples an equal share)")
+                             f"{world} data-parallel replicas (each samples an equal share)")
         local = options.samples // world
         pool = self._calibration_prompt_pool(batch)
         prompts, images = zip(*[pool[(rank * local + i) % len(pool)] for i in range(local)])

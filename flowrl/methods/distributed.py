@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from flowrl.data import data_parallel_rank
 from flowrl.strategies.deepspeed import accumulating, deepspeed_engine, deepspeed_step
 from flowrl.strategies.fsdp2 import forward_is_collective, is_fsdp2
 from flowrl.training.nonfinite import NonfiniteSteps
@@ -23,7 +24,10 @@ from flowrl.training.steps import TrainingSteps
 
 
 class Ranks:
-    """Collectives over the ranks of ``trainer`` (call each on every rank).
+    """Collectives over the ranks of ``trainer`` (call each on every rank), counting each data-parallel replica once:
+    under context parallelism the ``degree`` consecutive processes of a group hold the same rows
+    (:func:`~flowrl.data.data_parallel_rank`), and the gathered batch, the metrics and the sums take them from the
+    group's first process (its leader) only.
 
     Args:
         trainer: the running trainer (its strategy, world size and rank).
@@ -33,38 +37,48 @@ class Ranks:
 
     def __init__(self, trainer, all_gather: Callable[[Tensor], Tensor], device: torch.device):
         self.trainer, self.all_gather, self.device = trainer, all_gather, device
+        self.replica, self.replicas = data_parallel_rank(trainer)
+        self.degree = trainer.world_size // self.replicas  # processes per replica (1 without context parallelism)
+        self.leader = trainer.global_rank % self.degree == 0  # a group's processes are consecutive ranks
 
     def rank_sizes(self, local: int) -> list[int]:
-        """Rows on every rank (one collective; ranks may hold different numbers)."""
+        """Rows of every replica (one collective over every process; replicas may hold different numbers)."""
         if self.trainer.world_size == 1:
             return [local]
         sizes = self.all_gather(torch.tensor(local, device=self.device))
-        return [int(s) for s in sizes.flatten().tolist()]
+        return [int(s) for s in sizes.flatten().tolist()[::self.degree]]
 
     def gather(self, x: Tensor, sizes: list[int]) -> Tensor:
-        """``x [sizes[rank], ...]`` of every rank, concatenated in rank order (padded for the collective)."""
+        """``x [sizes[replica], ...]`` of every replica, concatenated in replica order (padded for the collective,
+        which runs over every process)."""
         if len(sizes) == 1:
             return x
         padded = x.new_zeros((max(sizes), *x.shape[1:]))
         padded[:x.shape[0]] = x
-        everyone = self.all_gather(padded)  # [W, max, ...]
+        everyone = self.all_gather(padded)[::self.degree]  # [W, max, ...] -> each replica's leader's
         return torch.cat([everyone[r, :n] for r, n in enumerate(sizes)])
 
     def rank_rows(self, sizes: list[int]) -> slice:
-        """This rank's rows of a tensor gathered with ``sizes``."""
-        rank = self.trainer.global_rank if len(sizes) > 1 else 0
-        start = sum(sizes[:rank])
-        return slice(start, start + sizes[rank])
+        """This rank's rows (its replica's) of a tensor gathered with ``sizes``."""
+        replica = self.replica if len(sizes) > 1 else 0
+        start = sum(sizes[:replica])
+        return slice(start, start + sizes[replica])
+
+    def once(self, x: Tensor) -> Tensor:
+        """``x`` on a replica's leader, zeros on the other processes of its group: what a sum over every process
+        (``sync_dist``, ``reduce(..., "sum")``) counts once per replica."""
+        return x if self.leader else torch.zeros_like(x)
 
     def global_metrics(self, metrics: dict[str, float], pairs: int, rows: int) -> dict[str, float]:
         """This rank's update ``metrics`` (means over its ``pairs`` trained pairs and ``rows`` samples) as the values of
-        the whole batch (:func:`~flowrl.training.rank_metrics.combine_ranks`; one collective). Ranks may return
-        different names (a rank without pairs has no ratio), so they are gathered as objects, not tensors."""
+        the whole batch (:func:`~flowrl.training.rank_metrics.combine_ranks` of the replicas; one collective). Ranks
+        may return different names (a rank without pairs has no ratio), so they are gathered as objects, not
+        tensors."""
         if self.trainer.world_size == 1:
             return metrics
         everyone: list = [None] * self.trainer.world_size
         torch.distributed.all_gather_object(everyone, ({k: float(v) for k, v in metrics.items()}, pairs, rows))
-        return combine_ranks(everyone)
+        return combine_ranks(everyone[::self.degree])
 
     def fewest_batches(self, count: int) -> int:
         """The fewest batches any rank holds (one collective): the stop decisions until then are shared, the same
@@ -93,7 +107,7 @@ def training_steps(trainer, backward: Callable, optimizer_step: Callable,
     update components take."""
     strategy, world = trainer.strategy, trainer.world_size
     return TrainingSteps(backward=backward, optimizer_step=optimizer_step, parameters=parameters,
-                         no_sync=lambda: no_sync(trainer), world_size=world,
+                         no_sync=lambda: no_sync(trainer), world_size=data_parallel_rank(trainer)[1],
                          reduce_mean=lambda x: strategy.reduce(x, reduce_op="mean") if world > 1 else x,
                          reduce_max=lambda x: strategy.reduce(x, reduce_op="max") if world > 1 else x,
                          collective_forward=forward_is_collective(strategy), sharded_gradients=is_fsdp2(strategy))

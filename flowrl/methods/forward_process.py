@@ -130,7 +130,8 @@ class ForwardProcess(BaseModule):
         r = self.sample_targets(all_advantages[rows], valid)
         levels = rollout.sigmas[0, :-1]  # [T] the schedule's noise levels (the code: the sampler's timesteps / 1000)
         per_row = self.times_per_sample(len(levels))
-        steps, world = self.training_steps(), self.trainer.world_size
+        steps = self.training_steps()
+        world = steps.world_size  # data-parallel replicas (a context-parallel group trains its rows as one)
         gen = torch.Generator().manual_seed(branch_seed(self.seed, [self.global_step]))
         order = torch.randperm(len(all_advantages), generator=gen)  # global rows, shuffled (as the code)
         losses, norms = [], []

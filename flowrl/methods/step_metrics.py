@@ -27,10 +27,13 @@ class StepMetrics:
         reward_set: the reward callbacks (their weighted total).
         global_metrics: :meth:`~flowrl.methods.distributed.Ranks.global_metrics` (a rank's update metrics as the
             whole batch's).
+        once: :meth:`~flowrl.methods.distributed.Ranks.once` (a sum over every process counts each data-parallel
+            replica once; default: every process is one).
     """
 
-    def __init__(self, log: Callable, reward_set: RewardSet, global_metrics: Callable):
-        self.log, self.reward_set, self.global_metrics = log, reward_set, global_metrics
+    def __init__(self, log: Callable, reward_set: RewardSet, global_metrics: Callable,
+                 once: Callable = lambda x: x):
+        self.log, self.reward_set, self.global_metrics, self.once = log, reward_set, global_metrics, once
 
     def log_step(self, rollout: Rollout, batch: Batch, metrics: dict[str, float], sampling_s: float,
                  cfg_pairs: bool, unlogged_evaluations: float = 0.0) -> None:
@@ -57,8 +60,10 @@ class StepMetrics:
         log("rollout/nfe", nfe)
         log("rollout/forward_passes", nfe * (2 if cfg_pairs else 1))  # a CFG pair: 2
         # the batch's model evaluations over every rank: the compute budget methods are compared at
-        log("rollout/evaluations", rollout.nfe.sum().float() + unlogged_evaluations, reduce_fx="sum", sync_dist=True)
+        log("rollout/evaluations", self.once(rollout.nfe.sum().float() + unlogged_evaluations), reduce_fx="sum",
+            sync_dist=True)
         transitions = int(batch.trained.sum())  # the batch's evaluations per transition the loss trains
         log("rollout/nfe_per_trained_step", float(batch.nfe.sum()) / transitions if transitions else float("nan"))
         # the ranks sample side by side: the run's rate is the sum of theirs
-        log("rollout/samples_per_s", size / max(sampling_s, 1e-9), reduce_fx="sum", sync_dist=True)
+        log("rollout/samples_per_s", self.once(torch.tensor(size / max(sampling_s, 1e-9))), reduce_fx="sum",
+            sync_dist=True)

@@ -51,14 +51,14 @@ class Validation(RewardSetOwner, LightningModule):
         return self.reward_set.tally(self.reward_set.score(images, batch["prompts"], batch_metadata(batch)))
 
     def _reduced_means(self, tallies: list[dict[str, Tensor]]) -> dict[str, float]:
-        """Means of the tallies summed over batches and then over ranks (one collective, the same on every rank even
+        """Means of the tallies summed over batches and then over replicas (one collective, the same on every rank even
         when ranks hold different numbers of batches)."""
         keys = self.reward_set.tally_keys()
         summed = torch.zeros(len(keys), dtype=torch.float64, device=self.device)
         for tally in tallies:
             summed += torch.stack([tally[k].double() for k in keys]).to(self.device)
-        if self.trainer.world_size > 1:
-            summed = self.trainer.strategy.reduce(summed, reduce_op="sum")
+        if self.trainer.world_size > 1:  # each replica once (a context-parallel group's processes tally alike)
+            summed = self.trainer.strategy.reduce(self.ranks.once(summed), reduce_op="sum")
         return tally_means(dict(zip(keys, summed.cpu())))
 
     def on_validation_epoch_start(self) -> None:

@@ -34,6 +34,13 @@ RING_BACKENDS = ("flash", "_native_cudnn", "_native_flash", "sage")
 #: the policies whose split sequence flowrl knows before loading (``denoiser_kind``, :func:`split_sequence`); a
 #: family with a diffusers ``_cp_plan`` but no entry here is refused, not guessed
 SEQUENCES = ("WanExperts",)
+#: denoisers that have a ``_cp_plan`` in diffusers 0.42.1 and that flowrl still refuses to split, with the reason
+UNSPLIT = {
+    "LTX2VideoTransformer3DModel": "its plan splits the video tokens and the prompt but not the audio stream, whose "
+                                   "attentions diffusers then runs under the same context-parallel config on whole, "
+                                   "unsplit sequences (every attention processor gets the config); no 2-process "
+                                   "equality with one process is established for the joint audio-video model",
+}
 
 
 def split_sequence(policy: Any) -> tuple[int, int]:
@@ -55,7 +62,8 @@ def split_sequence(policy: Any) -> tuple[int, int]:
 def context_parallel_problems(policy: Any, degree: int, attention: str, world: Optional[int],
                               key: str = "trainer.strategy.") -> list[str]:
     """Why ``policy`` (built, not loaded) cannot split its clip over ``degree`` processes with ``attention`` among
-    ``world`` processes (None: not known yet), each naming the option and a fix; empty when it can."""
+    ``world`` processes (None: not known yet), each naming the option and a fix; empty when it can. A stand-in for a
+    policy that could not be built (its folder missing) is checked by its family alone (``denoiser_kind``)."""
     if degree == 1:
         return []
     problems = []
@@ -72,9 +80,15 @@ def context_parallel_problems(policy: Any, degree: int, attention: str, world: O
                            f"({cls.__name__ if cls else kind or 'unknown'}) has no context-parallel plan in "
                            "diffusers (`_cp_plan`); set context_parallel_size: 1 (FSDP2 alone), or use a family "
                            "that has one (Wan)"]
+    if kind in UNSPLIT:
+        return problems + [f"{key}context_parallel_size={degree}: {type(policy).__name__}'s denoiser ({kind}) is not "
+                           f"split by flowrl: {UNSPLIT[kind]}; set context_parallel_size: 1 (FSDP2 alone shards its "
+                           "weights)"]
     if kind not in SEQUENCES:
         return problems + [f"{key}context_parallel_size={degree}: flowrl does not yet split {type(policy).__name__}'s "
                            f"sequence (it splits {list(SEQUENCES)}); set context_parallel_size: 1"]
+    if not hasattr(policy, "denoiser_config"):  # a stand-in for a policy whose folder is missing: no sizes yet
+        return problems
     tokens, heads = split_sequence(policy)
     if tokens % degree:
         problems.append(f"{key}context_parallel_size={degree} does not divide the clip's {tokens} patch tokens "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from flowrl.checkpoints.sharded import is_sharded_checkpoint
-from flowrl.strategies.context_parallel import context_parallel_run_problems
+from flowrl.strategies.context_parallel import context_parallel_run_problems, data_parallel_size
 
 FSDP2_CLASSES = ("FSDP2Strategy", "ModelParallelStrategy")
 DEEPSPEED_FIX = "pip install 'flowrl[deepspeed]'"
@@ -109,6 +109,7 @@ def strategy_problems(trainer: Any, module: Any, data: Any, ckpt: Optional[str] 
         except (OSError, ValueError):  # reported with the config's problems
             prompts = 0
         rows, size = prompts * int(data.val_samples_per_prompt), int(data.val_batch_size)
+        world = data_parallel_size(strategy, world) if world else world  # a context-parallel group shares batches
         counts = val_batch_counts(rows, size, world) if world and world > 1 and rows else []
         if len(set(counts)) > 1:
             problems.append(f"trainer.strategy={shown!r} runs each forward as a collective, so every rank must draw as "

@@ -9,6 +9,11 @@ splits one clip along the attention's dimension (diffusers' ``ContextParallelCon
 A weight's gradient on a process of a group is its tokens' share, so the whole gradient is the sum over the group:
 FSDP2's reduce-scatter over every process makes it when its divide factor is the number of replicas
 (``world / degree``), not the number of processes (:func:`split_for_strategy`).
+
+The loop sees replicas, not processes: the strategy's ``distributed_sampler_kwargs`` (Lightning's data-parallel rank
+and world, :func:`replica_rank`) give every process of a group its replica's rows, seeds and validation batches
+(``flowrl.data``), and the module's collectives (``flowrl.methods.distributed.Ranks``) count each replica once in
+the gathered batch, the metrics and the validation means.
 """
 
 from __future__ import annotations
@@ -49,18 +54,33 @@ def split_for_strategy(policy: Any, mesh, backend: Optional[str] = None) -> list
     return models
 
 
+def replica_rank(mesh) -> dict[str, int]:
+    """This process's replica and the number of replicas of ``mesh`` (:func:`context_parallel_mesh`'s), as
+    Lightning's ``distributed_sampler_kwargs`` name them (``rank``, ``num_replicas``): the processes of one
+    context-parallel group share a replica, so they draw one batch."""
+    return {"num_replicas": mesh["replica"].size(), "rank": mesh["replica"].get_local_rank()}
+
+
+def data_parallel_size(strategy: Any, world: int) -> int:
+    """Data-parallel replicas of a run of ``world`` processes under ``strategy`` (a built strategy, its config node
+    ``{class_path, init_args}`` or a name), known before the process group exists: ``world / context_parallel_size``
+    (``world`` where the degree does not divide it, which :func:`context_parallel_run_problems` reports).
+
+    >>> data_parallel_size({"init_args": {"context_parallel_size": 2}}, 8), data_parallel_size("ddp", 8)
+    (4, 8)
+    """
+    if isinstance(strategy, dict):
+        degree = (strategy.get("init_args") or {}).get("context_parallel_size", 1)
+    else:
+        degree = getattr(strategy, "context_parallel_size", 1)
+    degree = int(degree or 1)
+    return world // degree if degree >= 1 and world % degree == 0 else world
+
+
 def context_parallel_run_problems(policy: Any, options: dict, world: Optional[int]) -> list[str]:
     """The problems of a trainer run whose FSDP2 strategy has ``options`` (``context_parallel_size``,
     ``context_parallel_attention``) with the built ``policy`` (None: the method could not be built) on ``world``
-    processes: the policy's (:func:`~flowrl.policies.context_parallel.context_parallel_problems`), and the loop's.
-
-    The loop hands every process its own rows (``flowrl.data``, the gathers of ``flowrl.methods.distributed``);
-    the processes of a context-parallel group must instead share one batch and count once in the gathered one, which
-    the loop does not do yet: a run is refused rather than trained on duplicated rows.
-    """
+    processes: the policy's (:func:`~flowrl.policies.context_parallel.context_parallel_problems`; the loop itself
+    runs any method on replicas, see the module docstring)."""
     degree, attention = int(options["context_parallel_size"]), options.get("context_parallel_attention", "ulysses")
-    problems = [] if policy is None else context_parallel_problems(policy, degree, attention, world)
-    return problems + [f"trainer.strategy.context_parallel_size={degree}: flowrl's training loop does not yet give "
-                       "the processes of a context-parallel group one batch (each process draws its own rows); "
-                       "use context_parallel_size: 1 for fit / validate / predict. The split denoiser itself is "
-                       "ready (flowrl.strategies.context_parallel.split_for_strategy, docs/scaling-out.md)"]
+    return [] if policy is None else context_parallel_problems(policy, degree, attention, world)

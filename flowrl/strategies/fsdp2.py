@@ -30,7 +30,7 @@ from flowrl.checkpoints.atomic import commit, link, partial_path, remove_path, s
 from flowrl.checkpoints.sharded import (META, SHARDED_KEY, fill_sharded, is_sharded_checkpoint, shard_templates,
                                         split_sharded)
 from flowrl.policies.sharding import shard_policy
-from flowrl.strategies.context_parallel import context_parallel_mesh, sharding_mesh, split_for_strategy
+from flowrl.strategies.context_parallel import context_parallel_mesh, replica_rank, sharding_mesh, split_for_strategy
 from flowrl.strategies.sharded_load import load_into_shards
 
 NAME = "fsdp2"
@@ -80,6 +80,15 @@ class FSDP2Strategy(ModelParallelStrategy):
             self.context_parallel_mesh = context_parallel_mesh(self.root_device.type, self.world_size,
                                                                self.context_parallel_size,
                                                                self.context_parallel_attention)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """The data-parallel ranks, as Lightning's samplers read them: with context parallelism the replicas
+        (:func:`~flowrl.strategies.context_parallel.replica_rank`: every process of a group draws its replica's
+        rows), else every process."""
+        if self.context_parallel_mesh is not None:
+            return replica_rank(self.context_parallel_mesh)
+        return super().distributed_sampler_kwargs
 
     def _fsdp_modules(self) -> list:
         from torch.distributed.fsdp import FSDPModule

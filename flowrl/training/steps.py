@@ -33,7 +33,8 @@ class TrainingSteps:
             gradients; ``counted=False`` keeps the run's global step where it is (an auxiliary adapter's step).
         parameters: ``(adapter=None) -> [Parameter]``, the trained parameters (of one adapter).
         no_sync: a context in which backward passes do not sync gradients (a non-final micro-batch).
-        world_size: processes.
+        world_size: data-parallel replicas: the processes, or the context-parallel groups (whose processes train
+            the same rows, each its share of the tokens).
         reduce_mean, reduce_max: a tensor averaged / maximised over every rank (one collective each).
         collective_forward: each forward of the denoiser is a collective (FSDP2 or ZeRO-3 on several processes), so
             every rank must run as many.

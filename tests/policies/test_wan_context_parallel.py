@@ -72,3 +72,25 @@ def test_bad_degrees_and_families_are_refused_before_loading(wan_dirs, sd3_dir, 
     assert "no context-parallel plan in diffusers (`_cp_plan`)" in sd3 and "context_parallel_size: 1" in sd3
     (flux,) = context_parallel_problems(FluxPolicy(flux_dir), 2, "ulysses", 2)
     assert "does not yet split FluxPolicy's sequence" in flux
+
+
+def test_the_video_families_that_do_not_split_say_why_before_their_folder_exists():
+    import diffusers
+
+    from flowrl.cli.config_checks import policy_stand_in
+    from flowrl.policies.context_parallel import context_parallel_problems
+
+    def problems(policy: str) -> list[str]:  # the family alone: a hub config whose model is not here yet
+        return context_parallel_problems(policy_stand_in({"class_path": f"flowrl.policies.{policy}"}), 2, "ulysses", 2)
+
+    # LTX-2 has a plan in diffusers, but it splits the video and the prompt and leaves the audio stream whole
+    plan = diffusers.LTX2VideoTransformer3DModel._cp_plan  # {module: {input: split} or the output's gather}
+    assert not any("audio" in str(name) for module, splits in plan.items()
+                   for name in [module, *(splits if isinstance(splits, dict) else [])])
+    (ltx2,) = problems("LTX2Policy")
+    assert "not split by flowrl" in ltx2 and "audio stream" in ltx2 and "context_parallel_size: 1" in ltx2
+    assert diffusers.HunyuanVideo15Transformer3DModel._cp_plan is None  # a newer diffusers with one: wire it here
+    for policy in ("HunyuanVideo15Policy", "HunyuanVideo15I2VPolicy"):
+        (hunyuan,) = problems(policy)
+        assert "(HunyuanVideo15Transformer3DModel) has no context-parallel plan in diffusers" in hunyuan, hunyuan
+    assert problems("WanPolicy") == problems("WanI2VPolicy") == []  # split; its sizes are checked once built

@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: every video config of configs/ (test_shipped_configs.py leaves them here) and the tiny pipeline it runs on
 CONFIGS = {"wan21_flow_grpo": "wan21", "wan22_flow_grpo": "wan22", "wan_i2v_flow_grpo": "wan21_i2v",
            "wan21_tempflow_grpo": "wan21"}
+#: video configs checked here before loading only: on one process this file's shrink makes wan21_flow_grpo of the
+#: context-parallel config, whose split fit is tests/policies/test_wan_context_parallel_fit.py's
+SPLIT = {"wan21_flow_grpo_cp": "wan21"}
 #: video configs fitted by the test of their reward, with a tiny judge in place of the cheap rewards used here
 FITTED_WITH_THEIR_REWARD = {"wan21_videoreward_flow_grpo": "tests/rewards/test_video_judges.py"}
 #: video configs whose options do not survive this file's 3-step shrink (Flash-GRPO's pool lists the 10 steps it
@@ -29,7 +32,9 @@ CHECKED_AS_SHIPPED = {"wan21_flash_grpo": "tests/cli/test_every_config_builds.py
 
 
 def test_every_video_config_is_covered():
-    assert sorted(p.stem for p in (ROOT / "configs").glob("wan*.yaml")) == sorted([*CONFIGS, *FITTED_WITH_THEIR_REWARD, *CHECKED_AS_SHIPPED])
+    assert sorted(p.stem for p in (ROOT / "configs").glob("wan*.yaml")) == sorted([*CONFIGS, *SPLIT,
+                                                                                 *FITTED_WITH_THEIR_REWARD,
+                                                                                 *CHECKED_AS_SHIPPED])
 
 
 def samples_per_rollout(config: str, overrides: dict) -> int:
@@ -85,17 +90,18 @@ def tiny_overlay(out: Path, model_dir: str, config: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("config", sorted({**CONFIGS, **SPLIT}))
 def test_each_video_config_passes_the_checks_before_loading_as_shipped(wan_dirs, tmp_path, monkeypatch, config):
     stop_when_built(monkeypatch, {})  # the run is built, every weight load refused
     # the machine the config is for: its GPUs (the check that refuses a GPU config here has its own test)
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
-    prompts = str(tiny_overlay(tmp_path, wan_dirs[CONFIGS[config]], config).parent / "p.jsonl") \
+    model = wan_dirs[{**CONFIGS, **SPLIT}[config]]
+    prompts = str(tiny_overlay(tmp_path, model, config).parent / "p.jsonl") \
         if config == "wan_i2v_flow_grpo" else "[a red cat, a blue dog]"
     with pytest.raises(Built):  # a SystemExit here is a problem the checks found: its text names it
         main(["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), f"--data.prompts={prompts}",
-              f"--model.init_args.policy.init_args.model={wan_dirs[CONFIGS[config]]}",
+              f"--model.init_args.policy.init_args.model={model}",
               f"--trainer.default_root_dir={tmp_path}"])
 
 
