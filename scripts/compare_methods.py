@@ -42,13 +42,19 @@ METHODS = {"Flow-GRPO": "tiny_flow_grpo", "DenseGRPO": "tiny_dense_grpo", "TP-GR
 POLICY_GRADIENT = list(METHODS)[:6]
 
 
-def fit(config: str, out: Path, seed: int, prompts: int, max_steps: int, extra: list[str]) -> subprocess.Popen:
-    args = [sys.executable, "-m", "flowrl", "fit", "--config", str(ROOT / "configs" / f"{config}.yaml"),
-            f"--seed_everything={seed}", f"--trainer.default_root_dir={out}", f"--data.num_groups={prompts}",
+def fit_arguments(config: str, out: Path, seed: int, prompts: int, max_steps: int, extra: list[str]) -> list[str]:
+    """The arguments of ``python -m flowrl`` for one run of ``config``."""
+    return ["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), f"--seed_everything={seed}",
+            f"--trainer.default_root_dir={out}", f"--data.num_groups={prompts}",
             f"--data.prompts={ROOT}/configs/prompts/digits_train_large.txt", f"--trainer.max_steps={max_steps}",
             "--trainer.enable_progress_bar=false", *extra]
+
+
+def fit(*run) -> subprocess.Popen:
+    """One run (:func:`fit_arguments`) in a process of its own, its output discarded but for the errors."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "flowrl", *fit_arguments(*run)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def finished(proc: subprocess.Popen, what: str) -> None:
@@ -156,21 +162,25 @@ def main(argv=None) -> None:
                      "--trainer.callbacks+=flowrl.callbacks.EvaluationBudget",
                      f"--trainer.callbacks.max_evaluations={args.budget}"]  # stops at the budget, whatever it costs
             jobs += [(name, seed, config, folder, 10 * batches, extra) for seed in args.seeds]
-        with ThreadPoolExecutor(args.jobs) as pool:
-            def run(job):
-                name, seed, config, folder, batches, extra = job
-                out = args.out / folder / f"seed{seed}"
-                if spent(out) >= args.budget:  # a rerun after an interruption keeps the runs that finished
-                    print(f"kept: {name} seed {seed}", flush=True)
-                else:
-                    shutil.rmtree(out, ignore_errors=True)
-                    finished(fit(config, out, seed, args.prompts, batches, extra), f"{name} seed {seed}")
-                    print(f"done: {name} seed {seed}", flush=True)
-                if args.drift:
-                    measured = measure_drift(out, args.val_prompts)
-                    print(f"drift: {name} seed {seed}: KL {measured['kl']:.4g}", flush=True)
 
-            list(pool.map(run, jobs))
+        def run(job):
+            name, seed, config, folder, batches, extra = job
+            out = args.out / folder / f"seed{seed}"
+            if spent(out) >= args.budget:  # a rerun after an interruption keeps the runs that finished
+                print(f"kept: {name} seed {seed}", flush=True)
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+                finished(fit(config, out, seed, args.prompts, batches, extra), f"{name} seed {seed}")
+                print(f"done: {name} seed {seed}", flush=True)
+            if args.drift:
+                measured = measure_drift(out, args.val_prompts)
+                print(f"drift: {name} seed {seed}: KL {measured['kl']:.4g}", flush=True)
+
+        if args.jobs > 1:
+            with ThreadPoolExecutor(args.jobs) as pool:
+                list(pool.map(run, jobs))
+        else:  # in this thread
+            list(map(run, jobs))
     if args.drift:
         write_drift(args.out / "drift.csv", [{"method": name, "seed": s, **measure_drift(args.out / folder / f"seed{s}",
                                                                                         args.val_prompts)}

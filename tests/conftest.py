@@ -54,17 +54,42 @@ def flux_kontext_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def two_process_fits(request, tiny_model_dir, sd3_dir, qwen_image_dir, flux_kontext_dir, tmp_path_factory):
-    """The folder of every 2-process fit of the tiny model and the tiny SD3, Qwen-Image and FLUX.1 Kontext
+def wan_dirs(tmp_path_factory):
+    """Tiny Wan pipelines: ``wan21``, ``wan22`` (two experts, UniPC), ``wan22_euler``, ``wan21_i2v``, ``wan22_i2v``,
+    ``ti2v``."""
+    from tests.policies.tiny_wan import save_all
+
+    return save_all(tmp_path_factory.mktemp("wan"))
+
+
+#: the tiny models the 2-process fits of tests/two_process_group.py read: {name: the session fixture that saves it}
+TINY_MODELS = {"tiny": "tiny_model_dir", "sd3": "sd3_dir", "qwen_image": "qwen_image_dir",
+               "flux_kontext": "flux_kontext_dir", "wan": "wan_dirs"}
+
+
+class TinyModels(dict):
+    """The tiny models' folders by name (:data:`TINY_MODELS`), each saved by its fixture when a module first asks."""
+
+    def __init__(self, request):
+        super().__init__()
+        self.request = request
+
+    def __missing__(self, name: str):
+        self[name] = self.request.getfixturevalue(TINY_MODELS[name])
+        return self[name]
+
+
+@pytest.fixture(scope="session")
+def two_process_fits(request, tmp_path_factory):
+    """The folder of every 2-process fit of the tiny model and the tiny SD3, Qwen-Image, FLUX.1 Kontext and Wan
     pipelines, with their 1-process references, run once (``tests/two_process_group.py``): those of the modules
-    whose tests this run selected (one file run alone fits its own); its tests carry
-    ``tests.two_process_group.GROUP``."""
+    whose tests this run selected (one file run alone fits its own, and saves only the models it reads); its tests
+    carry ``tests.two_process_group.GROUP``."""
     from tests.two_process_group import MODULES, run_every_fit
 
     selected = {item.module.__name__ for item in request.session.items
                 if "two_process_fits" in getattr(item, "fixturenames", ())}
-    models = {"tiny": tiny_model_dir, "sd3": sd3_dir, "qwen_image": qwen_image_dir, "flux_kontext": flux_kontext_dir}
-    return run_every_fit(tmp_path_factory.mktemp("two_process_group"), models,
+    return run_every_fit(tmp_path_factory.mktemp("two_process_group"), TinyModels(request),
                          tuple(name for name in MODULES if name in selected))
 
 

@@ -1,5 +1,5 @@
 """Every 2-process fit of the default suite's equality and resume checks on the tiny model and the tiny SD3,
-Qwen-Image and FLUX.1 Kontext pipelines in one launched process group, built once a session.
+Qwen-Image, FLUX.1 Kontext and Wan pipelines in one launched process group, built once a session.
 
 A launched process pays the imports of Lightning, diffusers and transformers (seconds of CPU each, twice for 2 ranks),
 far more than a tiny fit costs: so the 2-process fits of every module in :data:`MODULES` run one after another in one
@@ -23,7 +23,8 @@ from tests.methods.fits_in_one_process import ROOT, run_in_one_process
 #: the modules whose 2-process fits share the group, in the order they run
 MODULES = ("tests.methods.test_two_ranks_equal_one", "tests.methods.test_likelihood_free_fsdp2",
            "tests.cli.test_fsdp2", "tests.policies.test_fsdp2_pipeline", "tests.policies.test_fsdp2_families",
-           "tests.policies.test_fsdp2_editing", "tests.policies.test_wan_context_parallel_fit")
+           "tests.policies.test_fsdp2_editing", "tests.policies.test_wan_context_parallel_fit",
+           "tests.policies.test_wan_fit")
 #: the xdist group of every test that reads the fits
 GROUP = pytest.mark.xdist_group("two_process_group")
 
@@ -38,7 +39,8 @@ def run_every_fit(folder: Path, models: dict[str, str], modules: tuple[str, ...]
     """The 1-process fits of every module of ``modules`` in this process (one torch thread, from the repository, as
     the launched ones run), then their 2-process fits in one launched process group, which fails (a hang) after
     ``start_up`` seconds and ``seconds_per_fit`` more per fit: a tiny fit takes seconds on 2 idle cores, a start-up
-    several times more on a loaded machine. ``models``: the tiny models' folders by name (``tiny``, ``sd3``, ...).
+    several times more on a loaded machine. ``models``: the tiny models' folders by name (``tiny``, ``sd3``, ..., ``wan``: tests/conftest.py's
+    ``TINY_MODELS``).
     Returns ``folder``."""
     from flowrl.cli import main
 

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jsonargparse import set_parsing_settings
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import _get_short_description as short_description
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 import torch
@@ -67,6 +69,8 @@ OWN_SUBCOMMANDS = {
     "export": ("A trained policy as diffusers files (LoRA weights, or a merged pipeline).", "flowrl.cli.export"),
 }
 
+#: LightningCLI's subcommands and the Trainer method arguments each leaves out
+LIGHTNING = LightningCLI.subcommands()
 TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,  # the group sampler already splits batches over ranks
     "log_every_n_steps": 1,
@@ -84,7 +88,15 @@ class FlowRLCLI(LightningCLI):
 
     def __init__(self, *args: Any, command_line_problems: tuple[str, ...] = (), **kwargs: Any) -> None:
         self.command_line_problems = list(command_line_problems)
+        given = sys.argv[1:] if kwargs.get("args") is None else kwargs["args"]
+        #: the LightningCLI subcommand the command line names first (None: none, as for the top-level --help)
+        self.chosen = given[0] if isinstance(given, (list, tuple)) and given[:1] and given[0] in LIGHTNING else None
         super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:
+        """LightningCLI's subcommands whose parsers are built: only the one this command runs, when it names one
+        (building each reads the Trainer's, the method's and the data's signatures, a sixth of a tiny fit's cost)."""
+        return {self.chosen: LIGHTNING[self.chosen]} if self.chosen else dict(LIGHTNING)
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config
@@ -144,8 +156,11 @@ class FlowRLCLI(LightningCLI):
         for choice in subcommands._choices_actions:  # Lightning's line is the Trainer's ("Run inference on your data")
             if choice.dest == "predict":
                 choice.help = PREDICT_DESCRIPTION
-        # main() runs these before LightningCLI parses anything: listed here so `python -m flowrl --help` names them
-        for name, (description, _) in OWN_SUBCOMMANDS.items():
+        # LightningCLI's that this command does not run (not built: see subcommands) and those main() runs before
+        # LightningCLI parses anything: named with their line, as the top-level help lists them
+        unbuilt = {name: (short_description(getattr(Trainer, name)), None) for name in LIGHTNING
+                   if name not in self.subcommands()}
+        for name, (description, _) in {**unbuilt, **OWN_SUBCOMMANDS}.items():
             subcommands.add_subcommand(name, LightningArgumentParser(description=description), help=description)
 
     def _parse_ckpt_path(self) -> None:

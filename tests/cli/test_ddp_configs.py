@@ -1,7 +1,8 @@
-"""Every shipped tiny config runs on 2 DDP processes (and as 2 nodes x 1 process on localhost) to the end, and
-prints the validation and training numbers of a 1-process run: the sample grids and the run summary take part in
-every collective, the validation mean is reduced over the ranks, and the minibatches are drawn over the whole
-batch. Each run is a real ``python -m flowrl fit`` subprocess with a timeout, so a hang fails instead of stalling."""
+"""Every shipped tiny config runs on 2 DDP processes (the default run: tiny_flow_grpo, as 2 nodes x 1 process on
+localhost) to the end, and prints the validation and training numbers of a 1-process run: the sample grids and the
+run summary take part in every collective, the validation mean is reduced over the ranks, and the minibatches are
+drawn over the whole batch. Each run is a real ``python -m flowrl fit`` subprocess with a timeout, so a hang fails
+instead of stalling."""
 
 import csv
 import math
@@ -103,22 +104,24 @@ def assert_same_metrics(one: Path, two: Path) -> None:
     assert not differ, differ
 
 
-# the methods whose 2 DDP processes are compared with 1 per sample in tests/methods/test_two_ranks_equal_one.py run
-# here in the slow suite only (tiny_flow_grpo stays: the grids, summary and validation in every collective); the
-# quickstart is tiny_flow_grpo at other sizes
-OWN_DDP_TEST = {"quickstart.yaml", "tiny_dense_grpo.yaml", "tiny_tp_grpo.yaml", "tiny_tempflow_grpo.yaml",
-                "tiny_tree_rpo.yaml", "tiny_branch_grpo.yaml"}
-
-
-@pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow) if c in OWN_DDP_TEST else c
-                                    for c in sorted(CONFIGS)])
+# slow: the methods' 2 DDP processes are compared with 1 per sample in tests/methods/test_two_ranks_equal_one.py
+# (Lightning starting the second rank: every fit of the suite's process group, tests/two_process_group.py); the
+# tiny_flow_grpo config's 2 DDP processes run to the end in the default suite as 2 nodes (below), which checks what
+# this test does (the printed numbers, the metrics, the grids and checkpoint in rank zero's folder)
+@pytest.mark.slow
+@pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_two_ddp_processes_print_the_numbers_of_one(config, tmp_path, capsys, monkeypatch):
     one = one_process(config, tmp_path / "one", capsys, monkeypatch)
     two = summary(fit(config, tmp_path / "two", "--trainer.devices=2", "--trainer.strategy=ddp"))
     assert two == one
-    assert_same_metrics(tmp_path / "one", tmp_path / "two")
-    # rank zero wrote the grid and the checkpoint into the run's one folder
-    (folder,) = (tmp_path / "two").glob("*/version_0")
+    assert_written_by_rank_zero(tmp_path / "one", tmp_path / "two")
+
+
+def assert_written_by_rank_zero(one: Path, two: Path) -> None:
+    """The 2-process run's metrics.csv holds the 1-process run's values, and rank zero wrote the grid and the
+    checkpoint into the run's one folder."""
+    assert_same_metrics(one, two)
+    (folder,) = two.glob("*/version_0")
     assert list((folder / "samples").glob("step_*.png")) and (folder / "checkpoints" / "last.ckpt").is_file()
 
 
@@ -129,5 +132,6 @@ def test_two_nodes_of_one_process_on_localhost_equal_one_process(tmp_path, capsy
     first = summary(nodes[0])
     assert "run summary" not in finish(nodes[1])  # the second node ends too; only global rank zero prints
     assert first == one
+    assert_written_by_rank_zero(tmp_path / "one", tmp_path / "nodes")
     runs = sorted(p.name for p in (tmp_path / "nodes" / "tiny_flow_grpo").iterdir())
     assert runs == ["latest", "version_0"]  # no stray version from the second node

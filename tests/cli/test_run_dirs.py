@@ -134,3 +134,20 @@ def test_top_level_help_lists_every_subcommand_and_each_one_runs(capsys):
             main([name, "--help"])
         assert done.value.code in (0, None) and re.match(rf"usage: python -m flowrl (\[options\] )?{name} ",
                                                          capsys.readouterr().out), name
+
+
+def test_a_command_builds_the_parser_of_its_own_subcommand_only(monkeypatch, capsys):
+    # each of LightningCLI's subcommand parsers reads the Trainer's, the method's and the data's signatures: a sixth
+    # of a tiny fit's CPU time per parser; the top-level help alone needs every one (the test above: each is listed)
+    from lightning.pytorch.cli import LightningCLI
+
+    built, prepare = [], LightningCLI._prepare_subcommand_parser
+    monkeypatch.setattr(LightningCLI, "_prepare_subcommand_parser",
+                        lambda self, klass, name, **kw: built.append(name) or prepare(self, klass, name, **kw))
+    for command, expected in ((["validate", "--help"], ["validate"]), (["--help"], ["fit", "validate", "test",
+                                                                                     "predict"])):
+        built.clear()
+        with pytest.raises(SystemExit):
+            main(command)
+        assert built == expected, command
+    capsys.readouterr()

@@ -98,15 +98,6 @@ def refuse_weights(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def wan_dirs(tmp_path_factory):
-    """Tiny Wan pipelines: ``wan21``, ``wan22`` (two experts, UniPC), ``wan22_euler``, ``wan21_i2v``, ``wan22_i2v``,
-    ``ti2v``."""
-    from tests.policies.tiny_wan import save_all
-
-    return save_all(tmp_path_factory.mktemp("wan"))
-
-
-@pytest.fixture(scope="session")
 def hunyuan15_dirs(tmp_path_factory):
     """Tiny HunyuanVideo 1.5 pipelines: ``hunyuan15_t2v`` and ``hunyuan15_i2v`` (SigLIP first frames)."""
     from tests.policies.fidelity import hunyuan15_folders

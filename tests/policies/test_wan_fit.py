@@ -13,8 +13,9 @@ import yaml
 
 from flowrl.cli import main
 from tests.cli.no_weights import Built, stop_when_built
-from tests.cli.test_fit import assert_two_ranks_equal_one, run_cli
+from tests.cli.test_fit import assert_two_ranks_equal_one
 from tests.test_prompt_records import png
+from tests.two_process_group import GROUP, module_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 #: every video config of configs/ (test_shipped_configs.py leaves them here) and the tiny pipeline it runs on
@@ -125,21 +126,28 @@ def test_each_video_config_fits_two_steps_on_the_tiny_model(wan_dirs, tmp_path, 
     assert moved == ({"transformer", "transformer_2"} if config == "wan22_flow_grpo" else {"transformer"})
 
 
-def test_fsdp2_two_processes_equal_one_on_the_two_expert_config(wan_dirs, tmp_path):
+def two_process_fits(folder: Path, models: dict) -> tuple[list[list[str]], list[list[str]]]:
+    """The two-expert config's 1-process fit and its 2-process FSDP2 fit (``tests/two_process_group.py``)."""
     config = ROOT / "configs" / "wan22_flow_grpo.yaml"
     common = ["--trainer.max_steps=1", "--model.init_args.optimizer=torch.optim.SGD",
               "--model.init_args.optimizer.lr=1.0", "--model.init_args.max_grad_norm=null",
               "--model.init_args.micro_batch_size=1", "--trainer.callbacks+=tests.cli.dump_outputs.DumpOutputs"]
+    runs = []
     for name, extra in (("one", []), ("two", ["--trainer.devices=2", "--trainer.strategy=fsdp2"])):
-        out = tmp_path / name
-        out.mkdir()
-        overlay = tiny_overlay(out, wan_dirs["wan22"], "wan22_flow_grpo")
-        args = ["fit", "--config", str(config), "--config", str(overlay), *common,
-                f"--trainer.callbacks.out={out}/dump", *extra]
-        run_cli(args, tmp_path) if extra else main(args)  # only the 2-process run needs a process of its own
-    one = assert_two_ranks_equal_one(tmp_path / "one", tmp_path / "two")
+        out = folder / name
+        out.mkdir(parents=True)
+        overlay = tiny_overlay(out, models["wan"]["wan22"], "wan22_flow_grpo")
+        runs.append(["fit", "--config", str(config), "--config", str(overlay), *common,
+                     f"--trainer.callbacks.out={out}/dump", *extra])
+    return runs[:1], runs[1:]
+
+
+@GROUP
+def test_fsdp2_two_processes_equal_one_on_the_two_expert_config(two_process_fits):
+    folder = module_folder(two_process_fits, __name__)
+    one = assert_two_ranks_equal_one(folder / "one", folder / "two")
     assert one["advantages"].abs().sum() > 0
-    weights = torch.load(tmp_path / "two/dump/weights.pt")
+    weights = torch.load(folder / "two/dump/weights.pt")
     moved = {k.split(".")[1] for k, v in weights.items() if "lora_B" in k and v.abs().sum() > 0}
     assert moved == {"transformer", "transformer_2"}  # both experts trained, sharded over the two ranks
 

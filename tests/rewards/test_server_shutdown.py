@@ -45,7 +45,10 @@ def group_is_gone(pgid: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# SIGINT in the slow run: both signals reach one handler (rewards/serve.py's _stop_on_signals); each test starts a
+# server of its own (the signal stops it), a few seconds of CPU for LitServe's imports and workers
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_every_server_process_and_frees_the_port(sig, tmp_path):
     (tmp_path / "reward.yaml").write_text("rewards:\n  - class_path: tests.rewards.served.MeanPixel\n")
     with reward_server(str(tmp_path / "reward.yaml"), tmp_path) as (url, proc):

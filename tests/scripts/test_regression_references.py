@@ -2,11 +2,12 @@
 recorded equals its reference bit for bit on every column both have (scripts/compare_metrics.py), so a change that
 moves a method's numbers fails here unless the reference is re-recorded with the reason.
 
-Each fit runs in its own process at OMP_NUM_THREADS=1: the thread count, the CPU's vector instructions and library
-versions change float reductions, so the references hold for one thread on the machine and libraries the README
-names. The full recordings take minutes and are slow tests; the default suite reruns TDM-R1's first batch (the
-validation before training and batch 0: its rollout, rewards, the three adapters' losses and gradient norms) and holds
-it to the reference within 1e-5, which a change of machine keeps and a change of code does not."""
+Each full recording reruns in its own process at OMP_NUM_THREADS=1: the thread count, the CPU's vector instructions
+and library versions change float reductions, so the references hold for one thread on the machine and libraries the
+README names. The full recordings take minutes and are slow tests; the default suite reruns TDM-R1's first batch
+(the validation before training and batch 0: its rollout, rewards, the three adapters' losses and gradient norms) in
+pytest's process at one torch thread and holds it to the reference within 1e-5, which a change of machine keeps and
+a change of code does not."""
 
 import importlib.util
 import os
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCES = ROOT / "docs" / "data" / "regression"
@@ -53,11 +55,22 @@ def assert_matches(reference: str, run: list[dict[str, str]], rows: int | None =
     assert {"train/reward/total", "val/reward/total", "train/advantage/std"} <= set(shared), shared
 
 
-def test_tdm_r1_first_batch_matches_its_reference(tmp_path):
+def test_tdm_r1_first_batch_matches_its_reference(tmp_path, monkeypatch):
     # within 1e-5 here, bit for bit under -m slow: the default suite runs wherever CI runs, and another CPU's vector
-    # kernels move the 7th digit (README), while a change of code moves far more than that
-    run = fit_metrics("tiny_tdm_r1", ["--trainer.max_steps=1", "--trainer.limit_val_batches=1"], tmp_path)
-    assert_matches(TDM_R1[0], run, rows=2, rtol=1e-5)  # the validation before training and batch 0
+    # kernels move the 7th digit (README), while a change of code moves far more than that; in this process at one
+    # torch thread (a launched one would spend more CPU on its imports than on the fit)
+    from flowrl.cli import main
+
+    monkeypatch.chdir(ROOT)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        main(["fit", "--config", "configs/tiny_tdm_r1.yaml", "--trainer.max_steps=1", "--trainer.limit_val_batches=1",
+              f"--trainer.default_root_dir={tmp_path}"])
+    finally:
+        torch.set_num_threads(threads)
+    (metrics,) = tmp_path.glob("tiny_tdm_r1/version_*/metrics.csv")
+    assert_matches(TDM_R1[0], compare.read(metrics), rows=2, rtol=1e-5)  # the validation before training and batch 0
 
 
 @pytest.mark.slow
