@@ -44,6 +44,17 @@ def qwen_image_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen_image21_dir(tmp_path_factory):
+    """Qwen-Image 2.1: Qwen3-VL prompts, a single-stream block-causal transformer, the 16x RGBA VAE."""
+    from diffusers import QwenImage21Pipeline
+
+    from tests.policies.tiny_pipelines import save_pipeline
+    from tests.policies.tiny_qwen21 import qwen_image21_components
+
+    return str(save_pipeline(QwenImage21Pipeline, qwen_image21_components, tmp_path_factory.mktemp("qwen_image21")))
+
+
+@pytest.fixture(scope="session")
 def flux_kontext_dir(tmp_path_factory):
     from diffusers import FluxKontextPipeline
 
@@ -54,8 +65,9 @@ def flux_kontext_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def two_process_fits(request, tiny_model_dir, sd3_dir, qwen_image_dir, flux_kontext_dir, tmp_path_factory):
-    """The folder of every 2-process fit of the tiny model and the tiny SD3, Qwen-Image and FLUX.1 Kontext
+def two_process_fits(request, tiny_model_dir, sd3_dir, qwen_image_dir, qwen_image21_dir, flux_kontext_dir,
+                     tmp_path_factory):
+    """The folder of every 2-process fit of the tiny model and the tiny SD3, Qwen-Image (1 and 2.1) and FLUX.1 Kontext
     pipelines, with their 1-process references, run once (``tests/two_process_group.py``): those of the modules
     whose tests this run selected (one file run alone fits its own); its tests carry
     ``tests.two_process_group.GROUP``."""
@@ -63,7 +75,8 @@ def two_process_fits(request, tiny_model_dir, sd3_dir, qwen_image_dir, flux_kont
 
     selected = {item.module.__name__ for item in request.session.items
                 if "two_process_fits" in getattr(item, "fixturenames", ())}
-    models = {"tiny": tiny_model_dir, "sd3": sd3_dir, "qwen_image": qwen_image_dir, "flux_kontext": flux_kontext_dir}
+    models = {"tiny": tiny_model_dir, "sd3": sd3_dir, "qwen_image": qwen_image_dir, "qwen_image21": qwen_image21_dir,
+              "flux_kontext": flux_kontext_dir}
     return run_every_fit(tmp_path_factory.mktemp("two_process_group"), models,
                          tuple(name for name in MODULES if name in selected))
 
