@@ -44,6 +44,17 @@ def qwen_image_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen_image21_dir(tmp_path_factory):
+    """Qwen-Image 2.1: Qwen3-VL prompts, a single-stream block-causal transformer, the 16x RGBA VAE."""
+    from diffusers import QwenImage21Pipeline
+
+    from tests.policies.tiny_pipelines import save_pipeline
+    from tests.policies.tiny_qwen21 import qwen_image21_components
+
+    return str(save_pipeline(QwenImage21Pipeline, qwen_image21_components, tmp_path_factory.mktemp("qwen_image21")))
+
+
+@pytest.fixture(scope="session")
 def flux_kontext_dir(tmp_path_factory):
     from diffusers import FluxKontextPipeline
 
@@ -64,7 +75,7 @@ def wan_dirs(tmp_path_factory):
 
 #: the tiny models the 2-process fits of tests/two_process_group.py read: {name: the session fixture that saves it}
 TINY_MODELS = {"tiny": "tiny_model_dir", "sd3": "sd3_dir", "qwen_image": "qwen_image_dir",
-               "flux_kontext": "flux_kontext_dir", "wan": "wan_dirs"}
+               "qwen_image21": "qwen_image21_dir", "flux_kontext": "flux_kontext_dir", "wan": "wan_dirs"}
 
 
 class TinyModels(dict):
@@ -81,8 +92,8 @@ class TinyModels(dict):
 
 @pytest.fixture(scope="session")
 def two_process_fits(request, tmp_path_factory):
-    """The folder of every 2-process fit of the tiny model and the tiny SD3, Qwen-Image, FLUX.1 Kontext and Wan
-    pipelines, with their 1-process references, run once (``tests/two_process_group.py``): those of the modules
+    """The folder of every 2-process fit of the tiny model and the tiny SD3, Qwen-Image (1 and 2.1), FLUX.1 Kontext
+    and Wan pipelines, with their 1-process references, run once (``tests/two_process_group.py``): those of the modules
     whose tests this run selected (one file run alone fits its own, and saves only the models it reads); its tests
     carry ``tests.two_process_group.GROUP``."""
     from tests.two_process_group import MODULES, run_every_fit

@@ -1,5 +1,5 @@
 """Every 2-process fit of the default suite's equality and resume checks on the tiny model and the tiny SD3,
-Qwen-Image, FLUX.1 Kontext and Wan pipelines in one launched process group, built once a session.
+Qwen-Image (1 and 2.1), FLUX.1 Kontext and Wan pipelines in one launched process group, built once a session.
 
 A launched process pays the imports of Lightning, diffusers and transformers (seconds of CPU each, twice for 2 ranks),
 far more than a tiny fit costs: so the 2-process fits of every module in :data:`MODULES` run one after another in one

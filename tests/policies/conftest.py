@@ -1,6 +1,6 @@
-"""Tiny random-weight pipelines (FLUX.1, SD1.5, Qwen-Image 2.1, FLUX.2 [klein] and [dev], Z-Image, Wan, LTX-2,
-HunyuanVideo 1.5, and the editing family Qwen-Image-Edit(-Plus)) saved once per session; SD3's, Qwen-Image's and
-FLUX.1 Kontext's (which the suite's one group of 2-process fits uses too: ``tests/two_process_group.py``) are in
+"""Tiny random-weight pipelines (FLUX.1, SD1.5, FLUX.2 [klein] and [dev], Z-Image, Wan, LTX-2, HunyuanVideo 1.5, and
+the editing family Qwen-Image-Edit(-Plus)) saved once per session; SD3's, Qwen-Image's, Qwen-Image 2.1's and FLUX.1
+Kontext's (which the suite's one group of 2-process fits uses too: ``tests/two_process_group.py``) are in
 ``tests/conftest.py``."""
 
 import pytest
@@ -20,17 +20,6 @@ def sd15_dir(tmp_path_factory):
     from tests.policies.tiny_sd15 import save_sd15
 
     return str(save_sd15(tmp_path_factory.mktemp("sd15")))
-
-
-@pytest.fixture(scope="session")
-def qwen_image21_dir(tmp_path_factory):
-    """Qwen-Image 2.1: Qwen3-VL prompts, a single-stream block-causal transformer, the 16x RGBA VAE."""
-    from diffusers import QwenImage21Pipeline
-
-    from tests.policies.tiny_pipelines import save_pipeline
-    from tests.policies.tiny_qwen21 import qwen_image21_components
-
-    return str(save_pipeline(QwenImage21Pipeline, qwen_image21_components, tmp_path_factory.mktemp("qwen_image21")))
 
 
 @pytest.fixture(scope="session")
