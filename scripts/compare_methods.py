@@ -79,6 +79,13 @@ def spent(out: Path) -> float:
         return 0.0
 
 
+def wall_minutes(out: Path) -> float:
+    """A run's wall minutes from the config it saved at the start of its fit to its last metrics (the process's
+    start-up before it, seconds to minutes on a loaded machine, left out)."""
+    metrics = metrics_file(out)
+    return (metrics.stat().st_mtime - (metrics.parent / "config.yaml").stat().st_mtime) / 60
+
+
 def evaluations_per_batch(config: str, out: Path, prompts: int, overrides: list[str]) -> float:
     """One batch of ``config`` (with ``overrides``) at this batch shape: its ``rollout/evaluations``. DenseGRPO's
     first batch also carries its calibration, so the probe takes two batches and reads the second. A rerun reads
@@ -232,7 +239,8 @@ def main(argv=None) -> None:
                               differ in why.items()) + "); rerun", flush=True)
                 if spent(out) < args.budget:
                     made(args.budget, out)
-                    print(f"done: {what}", flush=True)
+                    print(f"done: {what}: {wall_minutes(out):.1f} wall minutes, load {os.getloadavg()[0]:.1f}",
+                          flush=True)
                 if kept and (not kept.is_file() or kept.read_bytes() != metrics_file(out).read_bytes()):
                     shutil.copy(metrics_file(out), kept)
                 if args.drift:
