@@ -247,7 +247,9 @@ def main(argv=None) -> None:
                     measured = measure_drift(out, args.val_prompts)
                     print(f"drift: {name} seed {seed}: KL {measured['kl']:.4g}", flush=True)
 
-            list(pool.map(run, jobs))
+            # seed by seed (every method's first seed before any second one): an interrupted comparison has the most
+            # methods to compare
+            list(pool.map(run, sorted(jobs, key=lambda job: args.seeds.index(job[1]))))
     if args.drift:
         write_drift(args.out / "drift.csv", [{"method": name, "seed": s, **measure_drift(args.out / folder / f"seed{s}",
                                                                                         args.val_prompts)}

@@ -73,8 +73,9 @@ def every_step(one_dir: Path, two_dir: Path) -> None:
 
 
 def step_credit(*options: str):
-    """A Flow-GRPO step-credit option (MixGRPO, Flash-GRPO, GCPO, the one-step gain), two batches: its draws are keyed by the seed, the
-    batch and the group or sample, so each rank draws for its own rows what one process draws for them."""
+    """A step-credit option on fit_tiny.yaml, two batches: MixGRPO's, Flash-GRPO's and GCPO's draws are keyed by the
+    seed, the batch and the group or sample, so each rank draws for its own rows what one process draws for them
+    (the one-step gain draws nothing)."""
     def make(tiny_model_dir):
         common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=2", *options, *NO_CLIP]
         return lambda out, *extra: fit_args(tiny_model_dir, out, *common, *extra), every_step
