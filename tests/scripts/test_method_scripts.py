@@ -53,7 +53,8 @@ def test_compare_trains_each_method_to_its_budget_and_tabulates(tmp_path):
     metrics.parents[2].rename(tmp_path / "gone")
     again = run("scripts/compare_methods.py", "--budget", "154", "--prompts", "1", "--seeds", "0",
                 "--methods", "BranchGRPO", "--out", str(tmp_path), "--check-batches", "1",
-                "--val-prompts", "[red 3 and blue 7, green 1 and red 2]", "--kept", str(tmp_path / "kept"), "--tag", "t")
+                "--val-prompts", "[red 3 and blue 7, green 1 and red 2]", "--kept", str(tmp_path / "kept"),
+                "--tag", "t")
     assert "reproduced: BranchGRPO seed 0 (branch_grpo_t_seed0.csv)" in again and "done:" not in again
     (reused,) = (tmp_path / "tiny_branch_grpo" / "seed0").glob("*/version_*/metrics.csv")
     assert reused.read_bytes() == kept.read_bytes()
