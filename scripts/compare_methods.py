@@ -15,7 +15,11 @@ budget and restarts the others. Validation: the 128 held-out prompts of ``config
 10-step ODE, before the first batch, at ``--val-every`` batches' worth of budget and after the last. The runs'
 ``metrics.csv`` files go under ``--out/<method>/seed<k>/``. ``--drift`` measures each run's final policy against
 its base model on the held-out prompts (``scripts/base_drift.py``: the KL of the Flow-GRPO SDE's trajectories and
-the velocity MSE), into ``drift.json`` beside each run and ``--out/drift.csv``. The plot (training reward and validation against
+the velocity MSE), into ``drift.json`` beside each run and ``--out/drift.csv``. ``--kept DIR`` keeps the
+comparison's data across commits: a run whose ``metrics.csv`` is kept there (``DIR/<config without tiny_>[_<tag>]
+_seed<k>.csv``, ``--tag``) is first rerun for its first ``--check-batches`` batches; if they reproduce the kept rows
+bit for bit (``scripts/compare_metrics.py``'s rule) the kept file stands for the run, else the run is made in full and
+its file replaces the kept one (a fresh run's file is kept there too). The plot (training reward and validation against
 cumulative evaluations, mean and min-max band over seeds) and a Markdown table come from ``scripts/plot_rewards.py``.
 """
 
@@ -32,14 +36,18 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from compare_metrics import differences, read  # this script's folder is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"Flow-GRPO": "tiny_flow_grpo", "DenseGRPO": "tiny_dense_grpo", "TP-GRPO": "tiny_tp_grpo",
            "TempFlow-GRPO": "tiny_tempflow_grpo", "Dynamic-TreeRPO": "tiny_tree_rpo", "BranchGRPO": "tiny_branch_grpo",
            "TDM-R1": "tiny_tdm_r1", "DiffusionNFT": "tiny_diffusion_nft", "Flow-DPPO": "tiny_dppo",
-           "GRPO-Guard": "tiny_grpo_guard", "AWM": "tiny_awm"}
-#: the six policy-gradient methods, compared by default (the others on request: --methods, e.g. the 2026 objectives
-#: ``--methods Flow-GRPO Flow-DPPO GRPO-Guard AWM DiffusionNFT``)
-POLICY_GRADIENT = list(METHODS)[:6]
+           "GRPO-Guard": "tiny_grpo_guard", "AWM": "tiny_awm", "MixGRPO": "tiny_mix_grpo", "G2RPO": "tiny_g2rpo",
+           "GCPO": "tiny_gcpo", "Flash-GRPO": "tiny_flash_grpo", "Step gain": "tiny_step_gain"}
+#: Flow-GRPO and every step-credit method (dense, tree, the 2026 step-credit ones, the one-step gain), compared by
+#: default; the others on request: --methods, e.g. the 2026 objectives ``--methods Flow-GRPO Flow-DPPO GRPO-Guard AWM
+#: DiffusionNFT``
+POLICY_GRADIENT = [*list(METHODS)[:6], "MixGRPO", "G2RPO", "GCPO", "Flash-GRPO", "Step gain"]
 
 
 def fit_arguments(config: str, out: Path, seed: int, prompts: int, max_steps: int, extra: list[str]) -> list[str]:
@@ -77,6 +85,13 @@ def spent(out: Path) -> float:
         return 0.0
 
 
+def wall_minutes(out: Path) -> float:
+    """A run's wall minutes from the config it saved at the start of its fit to its last metrics (the process's
+    start-up before it, seconds to minutes on a loaded machine, left out)."""
+    metrics = metrics_file(out)
+    return (metrics.stat().st_mtime - (metrics.parent / "config.yaml").stat().st_mtime) / 60
+
+
 def evaluations_per_batch(config: str, out: Path, prompts: int, overrides: list[str]) -> float:
     """One batch of ``config`` (with ``overrides``) at this batch shape: its ``rollout/evaluations``. DenseGRPO's
     first batch also carries its calibration, so the probe takes two batches and reads the second. A rerun reads
@@ -92,6 +107,42 @@ def evaluations_per_batch(config: str, out: Path, prompts: int, overrides: list[
         evaluations = [float(r["rollout/evaluations"]) for r in csv.DictReader(f) if r.get("rollout/evaluations")][-1]
     kept.write_text(json.dumps({"shape": shape, "evaluations": evaluations}) + "\n")
     return evaluations
+
+
+def kept_file(kept: Path, folder: str, tag: str, seed: int) -> Path:
+    """Where the comparison keeps a run's ``metrics.csv``: ``flow_grpo_2026_seed0.csv`` for ``tiny_flow_grpo``, tag
+    2026, seed 0 (a variant's folder keeps its label: ``tree_rpo__late_window_...``)."""
+    name = folder.removeprefix("tiny_")
+    return kept / f"{name}_{tag}_seed{seed}.csv" if tag else kept / f"{name}_seed{seed}.csv"
+
+
+def kept_sources(kept: Path, folder: str, tag: str, seed: int) -> list[Path]:
+    """The kept files a run may reproduce: its tagged file, else an untagged one of an earlier comparison (which the
+    tagged file then copies, so earlier comparisons' files stay as they were)."""
+    return [p for p in dict.fromkeys([kept_file(kept, folder, tag, seed), kept_file(kept, folder, "", seed)])
+            if p.is_file()]
+
+
+def training_rows(rows: list[dict]) -> list[dict]:
+    """The rows of training batches (those that spent evaluations), in order: what a shorter run of the same
+    command must reproduce (validations fall elsewhere in a run stopped early)."""
+    return [r for r in rows if r.get("rollout/evaluations")]
+
+
+def unreproduced(kept: list[dict], check: list[dict]) -> list[str]:
+    """How the first batches of a check run differ from the kept run's (``compare_metrics.differences`` on the
+    batches both have: the kept run's later batches are not compared); no batch to compare is a difference.
+
+    >>> row = lambda x: {"rollout/evaluations": "320.0", "train/loss": x}
+    >>> unreproduced([{"val/reward/total": "0.5"}, row("0.1"), row("0.2")], [row("0.1")])
+    []
+    >>> unreproduced([row("0.1"), row("0.2")], [row("0.1"), row("0.25")])
+    ['row 1 train/loss: 0.2 != 0.25']
+    """
+    kept, check = training_rows(kept), training_rows(check)
+    if not check or not kept:
+        return ["no batch to compare"]
+    return differences(kept[:len(check)], check[:len(kept)])
 
 
 def measure_drift(out: Path, val_prompts: str) -> dict:
@@ -141,6 +192,10 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
     parser.add_argument("--drift", action="store_true", help="measure each final policy's drift from its base model")
     parser.add_argument("--plot-only", action="store_true", help="only plot and tabulate existing runs")
+    parser.add_argument("--kept", type=Path, help="folder of kept runs' metrics.csv: reused where they reproduce, "
+                                                    "written for runs made anew")
+    parser.add_argument("--tag", default="", help="the kept files' tag: <config>_<tag>_seed<k>.csv")
+    parser.add_argument("--check-batches", type=int, default=2, help="batches rerun to check a kept run")
     args = parser.parse_args(argv)
     runs = {name: (METHODS[name], METHODS[name], []) for name in args.methods}  # label -> (config, folder, extra)
     for spec in args.variant:
@@ -159,28 +214,53 @@ def main(argv=None) -> None:
             every = max(1, round(batches * args.val_every))
             extra = [f"--trainer.val_check_interval={every}", "--trainer.check_val_every_n_epoch=null",
                      "--data.val_batch_size=128", f"--data.val_prompts={args.val_prompts}", *overrides,
-                     "--trainer.callbacks+=flowrl.callbacks.EvaluationBudget",
-                     f"--trainer.callbacks.max_evaluations={args.budget}"]  # stops at the budget, whatever it costs
-            jobs += [(name, seed, config, folder, 10 * batches, extra) for seed in args.seeds]
+                     "--trainer.callbacks+=flowrl.callbacks.EvaluationBudget"]
+            jobs += [(name, seed, config, folder, 10 * batches, extra, per_batch) for seed in args.seeds]
 
         def run(job):
-            name, seed, config, folder, batches, extra = job
-            out = args.out / folder / f"seed{seed}"
+            name, seed, config, folder, batches, extra, per_batch = job
+            out, what = args.out / folder / f"seed{seed}", f"{name} seed {seed}"
+            kept = kept_file(args.kept, folder, args.tag, seed) if args.kept else None
+
+            def made(budget: float, where: Path) -> Path:  # the run stops at the budget, whatever it costs
+                shutil.rmtree(where, ignore_errors=True)
+                finished(fit(config, where, seed, args.prompts, batches,
+                             [*extra, f"--trainer.callbacks.max_evaluations={budget}"]), what)
+                return metrics_file(where)
+
             if spent(out) >= args.budget:  # a rerun after an interruption keeps the runs that finished
-                print(f"kept: {name} seed {seed}", flush=True)
-            else:
-                shutil.rmtree(out, ignore_errors=True)
-                finished(fit(config, out, seed, args.prompts, batches, extra), f"{name} seed {seed}")
-                print(f"done: {name} seed {seed}", flush=True)
+                print(f"finished before: {what}", flush=True)
+            elif kept and not args.drift and (sources := kept_sources(args.kept, folder, args.tag, seed)):
+                check = out.with_name(out.name + "_check")  # (the drift needs the run's own checkpoint: no reuse)
+                rows = read(made(args.check_batches * per_batch, check))
+                shutil.rmtree(check)
+                why = {source: unreproduced(read(source), rows) for source in sources}
+                if same := [source for source, differ in why.items() if not differ]:
+                    shutil.rmtree(out, ignore_errors=True)
+                    (out / "kept" / "version_0").mkdir(parents=True)
+                    shutil.copy(same[0], out / "kept" / "version_0" / "metrics.csv")
+                    print(f"reproduced: {what} ({same[0].name})", flush=True)
+                else:
+                    print(f"not reproduced: {what} (" + "; ".join(f"{source.name}: {differ[0]}" for source,
+                          differ in why.items()) + "); rerun", flush=True)
+            if spent(out) < args.budget:
+                made(args.budget, out)
+                print(f"done: {what}: {wall_minutes(out):.1f} wall minutes, load {os.getloadavg()[0]:.1f}",
+                      flush=True)
+            if kept and (not kept.is_file() or kept.read_bytes() != metrics_file(out).read_bytes()):
+                shutil.copy(metrics_file(out), kept)
             if args.drift:
                 measured = measure_drift(out, args.val_prompts)
                 print(f"drift: {name} seed {seed}: KL {measured['kl']:.4g}", flush=True)
 
+        # seed by seed (every method's first seed before any second one): an interrupted comparison has the most
+        # methods to compare
+        ordered = sorted(jobs, key=lambda job: args.seeds.index(job[1]))
         if args.jobs > 1:
             with ThreadPoolExecutor(args.jobs) as pool:
-                list(pool.map(run, jobs))
+                list(pool.map(run, ordered))
         else:  # in this thread
-            list(map(run, jobs))
+            list(map(run, ordered))
     if args.drift:
         write_drift(args.out / "drift.csv", [{"method": name, "seed": s, **measure_drift(args.out / folder / f"seed{s}",
                                                                                         args.val_prompts)}

@@ -18,6 +18,7 @@ import statistics
 
 import plot_rewards as pr
 from results_evaluation import hacking_demo, quickstart_evaluated
+from results_one_budget import blocks as one_budget_blocks
 from results_data import CEILING, DATA, ROOT, Run, eighths, load, md, recorded, run, share, signed
 
 PAGE = ROOT / "docs" / "results.md"
@@ -240,6 +241,7 @@ def blocks() -> dict[str, str]:
             ("", "flow_grpo_4step", "end"), ("its longer run", "flow_grpo_4step_128k", "end"),
             ("TDM-R1", "tdm_r1", "end")], (0, 1, 2)),
         **methods_2026(),
+        **one_budget_blocks(),
     }
 
 

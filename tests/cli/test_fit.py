@@ -90,6 +90,11 @@ RESUMED_OPTIONS = {
     "gcpo": ["--model.init_args.loss=chunk_gspo", "--model.init_args.loss_options={chunks: [1, 2]}",
              "--model.init_args.train_chunks=0.5", "--model.init_args.timestep_fraction=1.0"],
 }
+#: the one-step gain credit (configs/tiny_step_gain.yaml) on fit_tiny.yaml: its step rewards read the sampler's
+#: velocities, which a resumed run must sample again as the uninterrupted one did
+STEP_GAIN = ["--model=flowrl.methods.DenseGRPO", "--model.init_args.completion_steps=0",
+             "--model.init_args.calibration=null"]
+RESUMED_OPTIONS["step_gain"] = STEP_GAIN
 
 
 @pytest.mark.parametrize("method", [*RESUMED_OPTIONS, "g2rpo"])
@@ -116,6 +121,8 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path, method):
         for b in range(4):
             drawn = group_steps(straight[f"step{b}_rank0"]["group_ids"], [0, 1, 2], seed=3, iteration=b)
             assert all(c <= {int(d)} for c, d in zip(trained[f"step{b}_rank0"], drawn))
+    if method == "step_gain":  # DenseGRPO's credit per step, not Flow-GRPO's one per trajectory
+        assert not torch.equal(straight["step2_rank0"]["advantages"][:, 0], straight["step2_rank0"]["advantages"][:, 1])
     if method != "flow_grpo":
         return
     # a finished run's last.ckpt (saved when max_steps is reached on the epoch's last batch: 4 prompts / 2 groups = 2

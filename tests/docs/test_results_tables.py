@@ -25,7 +25,7 @@ def printed():
 
 def test_every_table_on_the_page_is_the_scripts_output(printed, tables):
     blocks = re.findall(r"<!-- results:\S+ -->.*?<!-- /results:\S+ -->", printed, flags=re.S)
-    assert len(blocks) == 18
+    assert len(blocks) == 19
     for block in blocks:
         assert block in PAGE, block[:200]
     # and the page holds no block the script no longer prints
@@ -133,3 +133,33 @@ def test_the_2026_drift_block_reads_its_runs_drift_and_flow_dppo_is_flow_grpo_at
         out.writerows(rows)
     monkeypatch.setattr(tables, "DRIFT_2026", changed)
     assert "| GRPO-Guard, loss grpo_guard | 0.043 / 0.500 / 0.039 |" in tables.blocks()["methods-2026-drift"]
+
+
+def test_the_one_budget_goal_is_the_paired_difference_by_half_read_from_the_kept_files(tables):
+    """The goal column of the one-budget table, recomputed here from the kept CSVs without the scripts' helpers: per
+    seed, the method's held-out reward at its last validation at or before half of its evaluations minus
+    Flow-GRPO's last; and "met" only with 6 seeds and a mean at least twice its standard error."""
+    import statistics
+
+    from results_one_budget import goal_cell
+
+    def validations(stem, seed):
+        with open(ROOT / f"docs/data/method_comparison/{stem}_seed{seed}.csv") as f:
+            spent, points = 0.0, []
+            for row in csv.DictReader(f):
+                spent += float(row["rollout/evaluations"] or 0)
+                if row["val/reward/total"]:
+                    points.append((spent, float(row["val/reward/total"])))
+        return points, spent
+
+    diffs = []
+    for seed in (0, 1, 2):
+        points, total = validations("step_gain_2026", seed)
+        flow_grpo, _ = validations("flow_grpo_2026", seed)
+        diffs.append([y for x, y in points if x <= total / 2][-1] - flow_grpo[-1][1])
+    mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / 3 ** 0.5
+    row = next(line for line in tables.blocks()["one-budget"].splitlines() if line.startswith("| one-step gain |"))
+    assert f"{mean:+.3f} +- {se:.3f} ({sum(d >= 0 for d in diffs)} of 3 seeds >= 0; not met)" in row
+    assert goal_cell([0.02, 0.03, 0.01, 0.02, 0.03, 0.01]).endswith("; met)")  # mean 0.02, s.e. 0.0037
+    assert goal_cell([0.02, 0.03, 0.01]).endswith("; not met)")  # 3 seeds never claim it
+    assert goal_cell([0.05, -0.04, 0.01, 0.02, 0.03, -0.01]).endswith("; not met)")  # mean 0.01, s.e. 0.013

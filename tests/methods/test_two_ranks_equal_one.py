@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tests.cli.test_fit import assert_two_ranks_equal_one, fit_args, load_steps
+from tests.cli.test_fit import STEP_GAIN, assert_two_ranks_equal_one, fit_args, load_steps
 from tests.methods import test_tp_grpo
 from tests.methods.likelihood_free import shrunk
 from tests.methods.test_method_layer import method_fit_args
@@ -73,8 +73,9 @@ def every_step(one_dir: Path, two_dir: Path) -> None:
 
 
 def step_credit(*options: str):
-    """A Flow-GRPO step-credit option (MixGRPO, Flash-GRPO, GCPO), two batches: its draws are keyed by the seed, the
-    batch and the group or sample, so each rank draws for its own rows what one process draws for them."""
+    """A step-credit option on fit_tiny.yaml, two batches: MixGRPO's, Flash-GRPO's and GCPO's draws are keyed by the
+    seed, the batch and the group or sample, so each rank draws for its own rows what one process draws for them
+    (the one-step gain draws nothing)."""
     def make(tiny_model_dir):
         common = ["--trainer.max_steps=2", "--model.init_args.micro_batch_size=2", *options, *NO_CLIP]
         return lambda out, *extra: fit_args(tiny_model_dir, out, *common, *extra), every_step
@@ -90,6 +91,10 @@ FLASH_GRPO = step_credit("--model.init_args.flash_pool=[0, 1, 2]", "--model.init
 GCPO = step_credit("--model.init_args.loss=chunk_gspo", "--model.init_args.loss_options={chunks: [1, 2]}",
                    "--model.init_args.train_chunks=0.5", "--model.init_args.chunk_weighting=normalized",
                    "--model.init_args.timestep_fraction=1.0")
+
+# the one-step gain credit: each rank scores its own rows' predictions x - sigma v, the gains normalised per (group,
+# step) over the gathered batch
+STEP_GAIN_CASE = step_credit(*STEP_GAIN)
 
 
 def dense_grpo(tiny_model_dir):
@@ -235,6 +240,7 @@ DDP_CASES = {
     "mix_grpo": MIX_GRPO,
     "gcpo": GCPO,
     "flash_grpo": FLASH_GRPO,
+    "step_gain": STEP_GAIN_CASE,
     "uneven_pairs": uneven_pairs,
     "nan_on_one_rank": nan_on_one_rank,
 }
@@ -326,6 +332,7 @@ FSDP2_CASES = {name: sharded(make) for name, make in {
     "mix_grpo": MIX_GRPO,
     "gcpo": GCPO,
     "flash_grpo": FLASH_GRPO,
+    "step_gain": STEP_GAIN_CASE,
 }.items()}
 
 

@@ -54,13 +54,18 @@ def test_bench_reports_each_methods_evaluations(tmp_path, capsys, monkeypatch):
 
 def test_compare_trains_each_method_to_its_budget_and_tabulates(tmp_path, capfd, monkeypatch):
     # one method at its config's settings and one variant of another: 2 probes and 2 runs (a second method at its
-    # settings would only repeat the first's path); a budget of one BranchGRPO batch, which the variant overshoots
+    # settings would only repeat the first's path); a budget of one BranchGRPO batch, which the variant overshoots;
+    # the runs' files kept, then one reused after its check
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # as when run as a file: it imports compare_metrics beside it
     compare = script("compare_methods")
     monkeypatch.setattr(compare, "fit", lambda *run: InProcess(compare.fit_arguments(*run)))
     monkeypatch.chdir(ROOT)
+    (tmp_path / "kept").mkdir()
+    kept_args = ["--val-prompts", "[red 3 and blue 7, green 1 and red 2]", "--kept", str(tmp_path / "kept"),
+                 "--tag", "t"]
     compare.main(["--budget", "77", "--prompts", "1", "--seeds", "0", "--methods", "BranchGRPO", "--out",
                   str(tmp_path), "--variant", "Flow-GRPO 5 steps=Flow-GRPO:--model.init_args.num_steps=5",
-                  "--val-prompts", "[red 3 and blue 7, green 1 and red 2]"])
+                  *kept_args])
     out = capfd.readouterr().out  # the table comes from plot_rewards.py's process
     assert "BranchGRPO: 77 evaluations per batch -> 1 batches" in out  # ceil(77 / 77)
     assert "Flow-GRPO 5 steps: 40 evaluations per batch -> 2 batches" in out  # a variant with its overrides
@@ -72,3 +77,14 @@ def test_compare_trains_each_method_to_its_budget_and_tabulates(tmp_path, capfd,
     (variant,) = (tmp_path / "tiny_flow_grpo__flow_grpo_5_steps" / "seed0").glob("*/version_*/metrics.csv")
     assert sum(float(r["rollout/evaluations"]) for r in csv.DictReader(variant.open())
                if r.get("rollout/evaluations")) == 80  # 2 batches x 40: the budget reached at the batch past it
+    kept = tmp_path / "kept" / "branch_grpo_t_seed0.csv"
+    assert kept.read_bytes() == metrics.read_bytes()
+    assert (tmp_path / "kept" / "flow_grpo__flow_grpo_5_steps_t_seed0.csv").is_file()
+    # the run gone, its kept file stands for it once its first batch reproduces (one short check run, no full one)
+    metrics.parents[2].rename(tmp_path / "gone")
+    compare.main(["--budget", "77", "--prompts", "1", "--seeds", "0", "--methods", "BranchGRPO", "--out",
+                  str(tmp_path), "--check-batches", "1", *kept_args])
+    again = capfd.readouterr().out
+    assert "reproduced: BranchGRPO seed 0 (branch_grpo_t_seed0.csv)" in again and "done:" not in again
+    (reused,) = (tmp_path / "tiny_branch_grpo" / "seed0").glob("*/version_*/metrics.csv")
+    assert reused.read_bytes() == kept.read_bytes()
