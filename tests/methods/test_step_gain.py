@@ -32,7 +32,7 @@ def test_worked_example_predictions_gains_and_advantages(policy):  # noqa: F811
     # x0_hat_k = x_k - sigma_k v_k: row 0 (1 - 0.4, 0.8 + 0.5 x 0.4) = (0.6, 1.0); row 1 (-1 + 1.2, -0.2 + 0.4) =
     # (0.2, 0.2), with no model evaluation
     rewards, evaluations = Completions(completion_steps=0).score_reused(
-        hand_made_rollout(), torch.arange(2), lambda z: z, lambda images, prompts, rows: images[:, 0], "ode")
+        hand_made_rollout(), torch.arange(2), lambda z, rows: z, lambda images, prompts, rows: images[:, 0], "ode")
     assert torch.allclose(rewards, torch.tensor([[0.6, 1.0], [0.2, 0.2]])) and evaluations.tolist() == [0, 0]
     module = DenseGRPO(policy, num_steps=2, timestep_fraction=1.0, completion_steps=0, calibration=None)
     total = LATENTS[:, -1]  # the final samples' rewards 0.9 and 0.5
