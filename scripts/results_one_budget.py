@@ -23,10 +23,9 @@ ONE_BUDGET = [
     ("MixGRPO", "mix_grpo_2026", "the outcome, on a sliding window of 3 SDE steps"),
     ("G²RPO", "g2rpo_2026", "one SDE step from a shared ODE anchor, completed at 2 granularities"),
     ("GCPO", "gcpo_2026", "the outcome, a ratio and clip per chunk of steps"),
+    ("Flash-GRPO", "flash_grpo_2026", "the outcome, on one SDE step per prompt group"),
 ]
-#: not in the table: Flash-GRPO ("the outcome, on one SDE step per prompt group"), whose seeds 0 and 1 are kept
-#: (flash_grpo_2026_seed*.csv) but whose seed 2 did not finish in the time given; and, not run at this commit (the
-#: 2-core machine's time ran out), DenseGRPO, TP-GRPO, TempFlow-GRPO, Dynamic-TreeRPO and
+#: not run at this commit (the 2-core machine's time ran out): DenseGRPO, TP-GRPO, TempFlow-GRPO, Dynamic-TreeRPO and
 #: BranchGRPO, whose runs at their papers' settings are of an earlier commit (the page's "six policy-gradient methods"
 #: table)
 SEEDS = (0, 1, 2)
