@@ -1,5 +1,6 @@
 """Every 2-process fit of the default suite's equality and resume checks on the tiny model and the tiny SD3,
-Qwen-Image (1 and 2.1), FLUX.1 Kontext and Wan pipelines in one launched process group, built once a session.
+Qwen-Image (1 and 2.1), FLUX.1 Kontext and Wan pipelines, and the 2-process ``evaluate``, in one launched process
+group, built once a session.
 
 A launched process pays the imports of Lightning, diffusers and transformers (seconds of CPU each, twice for 2 ranks),
 far more than a tiny fit costs: so the 2-process fits of every module in :data:`MODULES` run one after another in one
@@ -24,7 +25,9 @@ from tests.methods.fits_in_one_process import ROOT, run_in_one_process
 MODULES = ("tests.methods.test_two_ranks_equal_one", "tests.methods.test_likelihood_free_fsdp2",
            "tests.cli.test_fsdp2", "tests.policies.test_fsdp2_pipeline", "tests.policies.test_fsdp2_families",
            "tests.policies.test_fsdp2_editing", "tests.policies.test_wan_context_parallel_fit",
-           "tests.policies.test_wan_fit")
+           "tests.policies.test_wan_fit", "tests.evaluation.test_ddp")
+#: the file in ``<folder>/two_processes`` that keeps the group's output
+OUTPUT = "output.txt"
 #: the xdist group of every test that reads the fits
 GROUP = pytest.mark.xdist_group("two_process_group")
 
@@ -57,5 +60,11 @@ def run_every_fit(folder: Path, models: dict[str, str], modules: tuple[str, ...]
     finally:
         torch.set_num_threads(threads)
         os.chdir(cwd)
-    run_in_one_process(twos, folder / "two_processes", timeout=start_up + seconds_per_fit * len(twos))
+    output = run_in_one_process(twos, folder / "two_processes", timeout=start_up + seconds_per_fit * len(twos))
+    (folder / "two_processes" / OUTPUT).write_text(output)
     return folder
+
+
+def output_of_the_group(folder: Path) -> str:
+    """What both processes of the group printed (one stream), as :func:`run_every_fit` in ``folder`` kept it."""
+    return (folder / "two_processes" / OUTPUT).read_text()

@@ -229,14 +229,12 @@ def test_after_kill_9_of_fsdp2_rank_zero_last_is_the_newest_complete_checkpoint(
     assert torch.load(last / "meta.pt", weights_only=False)["global_step"] == 3
 
 
-def test_predict_of_an_fsdp2_runs_folder_takes_one_process(killed_fsdp2_run, tmp_path):
+def test_predict_of_an_fsdp2_runs_folder_takes_one_process(killed_fsdp2_run, tmp_path, monkeypatch):
     # the run's config.yaml says 2 devices and fsdp2; predict writes one folder from one process, loading the
-    # sharded checkpoint into FSDP2 on it
-    # (a process of its own, as a user runs it: FSDP2 in the test's process would keep its process group, and the
-    # port Lightning picked, for every later test)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "flowrl", "predict", "--ckpt_path", str(killed_fsdp2_run), "--prompts",
-                           "red 1 and blue 2", "--seeds", "0", "1", "--out", str(tmp_path / "images")], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    # sharded checkpoint into FSDP2 on it (in this process: the suite's autouse no_process_group_outlives_a_test ends
+    # the 1-process group it makes and puts back the variables Lightning set)
+    monkeypatch.chdir(tmp_path)
+    main(["predict", "--ckpt_path", str(killed_fsdp2_run), "--prompts", "red 1 and blue 2", "--seeds", "0", "1",
+          "--out", str(tmp_path / "images")])
+    assert torch.distributed.is_initialized()  # FSDP2 ran on a 1-process group, not a plain module
     assert len(list((tmp_path / "images").glob("0*_seed*.png"))) == 2

@@ -1,10 +1,16 @@
 """The console of a run shows the run: the quickstart's first steps print the run's header and progress bar and no
-warning, and the filters that keep framework notices off it are narrow (other warnings still show)."""
+warning, and the filters that keep framework notices off it are narrow (other warnings still show). Both read one
+launched interpreter (the ``console`` fixture)."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+# one xdist worker runs this file (pytest's --dist loadgroup): its launched interpreter serves both tests
+pytestmark = pytest.mark.xdist_group("console")
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": ""}
@@ -12,15 +18,45 @@ KNOWN_NOISE = ("_pytree", "LeafSpec", "module(s) in eval mode", "requires torchv
                "all_gather is deprecated", "args parameter is intended")
 
 
-def test_quickstart_first_steps_show_the_run_and_no_warning(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "flowrl", "fit", "--config", "configs/quickstart.yaml", "--trainer.max_steps=2",
-         f"--trainer.default_root_dir={tmp_path}", "--data.num_groups=2", "--data.group_size=4",
-         "--data.val_prompts=[red 3 and blue 7]"],
-        cwd=ROOT, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=600)  # one stream, unbuffered: the lines in the order a terminal shows them
-    console = proc.stdout
-    assert proc.returncode == 0, console[-3000:]
+# the warnings and log records the filters of flowrl.cli (warning_filters.py) drop, then some they must let through
+PROBE = """
+import logging, warnings
+import flowrl.cli
+warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
+warnings.warn("torch.distributed.nn.functional.all_gather is deprecated, use ...", FutureWarning)
+warnings.warn("Found 181 module(s) in eval mode at the start of training. This may ...", UserWarning)
+logging.getLogger("transformers.utils.import_utils").warning(
+    "`X` requires torchvision (not installed); falling back to Y")
+logging.getLogger("lightning.pytorch.utilities.rank_zero").warning("💡 Tip: For seamless cloud logging ...")
+warnings.warn("torch.distributed.nn.functional.all_reduce is deprecated, use ...", FutureWarning)
+warnings.warn("a warning of the user's own", UserWarning)
+logging.getLogger("lightning.pytorch.utilities.rank_zero").warning("a Lightning message about the run")
+"""
+MARK = "==== python -m flowrl fit ===="
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory) -> tuple[str, str, Path]:
+    """One launched interpreter serves both tests (its imports of Lightning, diffusers and transformers are most of
+    what a tiny run costs): it imports ``flowrl.cli`` alone and raises :data:`PROBE`, prints :data:`MARK`, then runs
+    the quickstart's first 2 steps as ``python -m flowrl fit`` does (``runpy``, as ``-m`` runs a package). One
+    stream, unbuffered: the lines in the order a terminal shows them. Returns what came before the mark, what came
+    after it, and the run's folder."""
+    out = tmp_path_factory.mktemp("console")
+    args = ["fit", "--config", "configs/quickstart.yaml", "--trainer.max_steps=2", f"--trainer.default_root_dir={out}",
+            "--data.num_groups=2", "--data.group_size=4", "--data.val_prompts=[red 3 and blue 7]"]
+    code = (f"{PROBE}\nprint({MARK!r}, flush=True)\nimport runpy, sys\nsys.argv = ['flowrl', *{args!r}]\n"
+            "runpy.run_module('flowrl', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**ENV, "PYTHONUNBUFFERED": "1"},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.stdout.count(MARK) == 1, proc.stdout[-3000:]
+    probe, run = proc.stdout.split(MARK)
+    return probe, run, out
+
+
+def test_quickstart_first_steps_show_the_run_and_no_warning(console):
+    _, console, tmp_path = console
     warnings = [line for line in console.splitlines() if "warn" in line.lower()]
     assert warnings == []
     assert [noise for noise in KNOWN_NOISE if noise in console] == []
@@ -67,24 +103,8 @@ def label(line: str) -> str:
     return line.split(":")[0].rstrip()
 
 
-def test_the_filters_hide_only_the_notices_they_name():
-    code = """
-import logging, warnings
-import flowrl.cli
-warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
-warnings.warn("torch.distributed.nn.functional.all_gather is deprecated, use ...", FutureWarning)
-warnings.warn("Found 181 module(s) in eval mode at the start of training. This may ...", UserWarning)
-logging.getLogger("transformers.utils.import_utils").warning(
-    "`X` requires torchvision (not installed); falling back to Y")
-logging.getLogger("lightning.pytorch.utilities.rank_zero").warning("💡 Tip: For seamless cloud logging ...")
-warnings.warn("torch.distributed.nn.functional.all_reduce is deprecated, use ...", FutureWarning)
-warnings.warn("a warning of the user's own", UserWarning)
-logging.getLogger("lightning.pytorch.utilities.rank_zero").warning("a Lightning message about the run")
-"""
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    shown = proc.stdout + proc.stderr
+def test_the_filters_hide_only_the_notices_they_name(console):
+    shown = console[0]  # what the probe raised after importing flowrl.cli, before any run
     for hidden in ("LeafSpec", "all_gather is deprecated", "in eval mode", "requires torchvision", "Tip:"):
         assert hidden not in shown
     for kept in ("all_reduce is deprecated", "a warning of the user's own", "a Lightning message about the run"):

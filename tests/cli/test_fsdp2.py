@@ -20,13 +20,15 @@ FSDP2 = ["--trainer.devices=2", "--trainer.strategy=fsdp2"]
 
 
 RESUME = "resume"  # the folder of the sharded resume's fits
-SAVED = f"{RESUME}/first/ckpt/epoch=0-step=2.ckpt"  # 2 batches an epoch: step 2 ends epoch 0
+# the uninterrupted run's checkpoint at step 2, the one a run stopped there would have written (2 batches an epoch:
+# step 2 ends epoch 0)
+SAVED = f"{RESUME}/straight/ckpt/epoch=0-step=2.ckpt"
 ONE_PROCESS = "one_process_checkpoint"  # the folder of a 1-process checkpoint resumed under FSDP2
 
 
 def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
-    """The sharded resume's three fits (straight, first, resumed); a 1-process run of 4 steps and one of 2 with a
-    checkpoint, and that checkpoint resumed under FSDP2 (``tests/two_process_group.py``)."""
+    """The sharded resume's two fits (straight, checkpointed every 2 steps, and resumed from its step 2); a 1-process
+    run of 4 steps checkpointed every 2, and its step 2 resumed under FSDP2 (``tests/two_process_group.py``)."""
     extra = [*FSDP2, "--trainer.callbacks+=flowrl.callbacks.EMA", "--trainer.callbacks.apply_at_end=false",
              *CHECKPOINTS,
              # validation swaps the EMA shards in and out on every rank (one validation prompt per rank)
@@ -34,13 +36,12 @@ def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[st
     resume = lambda out, *more: fit_args(models["tiny"], folder / RESUME / out, *extra,  # noqa: E731
                                          f"--trainer.callbacks.dirpath={folder / RESUME / out}/ckpt", *more)
     one = folder / ONE_PROCESS
-    return ([fit_args(models["tiny"], one / "straight", "--trainer.max_steps=4"),
-             fit_args(models["tiny"], one / "first", "--trainer.max_steps=2", *CHECKPOINTS,
-                      f"--trainer.callbacks.dirpath={one}/first/ckpt")],
-            [resume("straight", "--trainer.max_steps=4"), resume("first", "--trainer.max_steps=2"),
+    return ([fit_args(models["tiny"], one / "straight", "--trainer.max_steps=4", *CHECKPOINTS,
+                      f"--trainer.callbacks.dirpath={one}/straight/ckpt")],
+            [resume("straight", "--trainer.max_steps=4"),
              resume("resumed", "--trainer.max_steps=4", f"--ckpt_path={folder / SAVED}"),
              fit_args(models["tiny"], one / "resumed", "--trainer.max_steps=4",
-                      f"--ckpt_path={one}/first/ckpt/epoch=0-step=2.ckpt", *FSDP2)])
+                      f"--ckpt_path={one}/straight/ckpt/epoch=0-step=2.ckpt", *FSDP2)])
 
 
 @GROUP
@@ -94,7 +95,7 @@ def test_a_one_process_checkpoint_resumes_under_fsdp2(two_process_fits):
     # its optimizer states are keyed by position in the optimizer (the trained LoRA weights only), which Lightning's
     # FSDP2 loader read as positions among every weight of the module: "Missing optimizer state for parameter ..."
     tmp_path = module_folder(two_process_fits, __name__) / ONE_PROCESS
-    assert (tmp_path / "first/ckpt/epoch=0-step=2.ckpt").is_file()  # one file, from one process
+    assert (tmp_path / "straight/ckpt/epoch=0-step=2.ckpt").is_file()  # one file, from one process
     straight, resumed = load_steps(tmp_path / "straight"), load_steps(tmp_path / "resumed")
     for step in ("step2", "step3"):  # the weights and Adam's moments carried over: the 1-process run's advantages
         ranks = [resumed[f"{step}_rank{r}"] for r in (0, 1)]

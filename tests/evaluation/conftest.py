@@ -8,6 +8,32 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+BRIGHT = ["fit", "--config", "tests/evaluation/fit_brightness.yaml", "--trainer.max_steps=2"]  # from ROOT
+
+
+def bright_fit_args(out: Path) -> list[str]:
+    """``fit_brightness.yaml`` for 2 optimizer steps into ``out`` (run from the repository: its prompt files are
+    relative to it); its checkpoint is ``out/checkpoints/last.ckpt``."""
+    return [*BRIGHT, f"--trainer.default_root_dir={out}"]
+
+
+def save_untrained_lora(folder: Path) -> Path:
+    """A LoRA folder without adapter metadata (``save_adapter``) whose B matrices are zero: the base model."""
+    from flowrl.policies import LoraOptions, TinyFlowPolicy
+    from flowrl.policies.adapter_weights import save_adapter
+
+    save_adapter(TinyFlowPolicy(lora=LoraOptions(rank=8, alpha=16)).load(), "default", folder)
+    return folder
+
+
+def save_suite16(file: Path) -> Path:
+    """The first 16 prompts of the ``digits_val`` suite, written to ``file``."""
+    from flowrl.evaluation.suites import NAMED
+
+    file.write_text("".join((NAMED / "digits_val.jsonl").read_text().splitlines(keepends=True)[:16]))
+    return file
+
+
 @pytest.fixture(scope="session")
 def bright_ckpt(tmp_path_factory) -> Path:
     """``last.ckpt`` of ``fit_brightness.yaml`` after 2 optimizer steps (enough to brighten the canvas and lose the
@@ -19,8 +45,7 @@ def bright_ckpt(tmp_path_factory) -> Path:
     out, cwd = tmp_path_factory.mktemp("bright"), os.getcwd()
     os.chdir(ROOT)  # the config's prompt files are relative to the repository
     try:
-        main(["fit", "--config", "tests/evaluation/fit_brightness.yaml", "--trainer.max_steps=2",
-              f"--trainer.default_root_dir={out}"])
+        main(bright_fit_args(out))
     finally:
         os.chdir(cwd)
     return out / "checkpoints" / "last.ckpt"
@@ -28,22 +53,12 @@ def bright_ckpt(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def untrained_lora(tmp_path_factory) -> Path:
-    """A LoRA folder without adapter metadata (``save_adapter``) whose B matrices are zero: the base model."""
-    from flowrl.policies import LoraOptions, TinyFlowPolicy
-    from flowrl.policies.adapter_weights import save_adapter
-
-    folder = tmp_path_factory.mktemp("untrained")
-    save_adapter(TinyFlowPolicy(lora=LoraOptions(rank=8, alpha=16)).load(), "default", folder)
-    return folder
+    return save_untrained_lora(tmp_path_factory.mktemp("untrained"))
 
 
 @pytest.fixture(scope="session")
 def suite16(tmp_path_factory) -> Path:
-    from flowrl.evaluation.suites import NAMED
-
-    file = tmp_path_factory.mktemp("suite") / "digits16.jsonl"
-    file.write_text("".join((NAMED / "digits_val.jsonl").read_text().splitlines(keepends=True)[:16]))
-    return file
+    return save_suite16(tmp_path_factory.mktemp("suite") / "digits16.jsonl")
 
 
 SEEDS, STEPS = [3, 11], 4

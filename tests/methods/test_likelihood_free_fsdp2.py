@@ -14,20 +14,20 @@ from tests.two_process_group import GROUP, module_folder
 
 ADAPTERS = ("default", "fake_score", "surrogate", "surrogate_old")
 FSDP2 = ("--trainer.devices=2", "--trainer.strategy=fsdp2")
-SAVED = "first/ckpt/epoch=0-step=2.ckpt"
+SAVED = "straight/ckpt/epoch=0-step=2.ckpt"  # the uninterrupted run's, as a run stopped at step 2 writes it
 EXPORT = ("flowrl.methods.TDMR1", "    num_train_steps: 2\n    time_shift: 3.0\n    guidance_scale: 1.0")
 
 
 def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
-    """TDM-R1 under FSDP2 straight for 4 steps, for 2 with a checkpoint, and resumed from it to 4 (2 batches an
-    epoch, one step each: step 2 ends epoch 0); a one-step fit on the tiny SD3 pipeline to export. No 1-process fit
-    (``tests/two_process_group.py``)."""
+    """TDM-R1 under FSDP2 straight for 4 steps with a checkpoint every 2, and resumed from its step 2 to 4 (2
+    batches an epoch, one step each: step 2 ends epoch 0); a one-step fit on the tiny SD3 pipeline to export. No
+    1-process fit (``tests/two_process_group.py``)."""
     def args(out: Path, *extra: str) -> list[str]:
         return shrunk("tiny_tdm_r1.yaml", out, *FSDP2, "--model.init_args.generator_init=null", *CHECKPOINTS,
                       f"--trainer.callbacks.dirpath={out}/ckpt", *extra, model_dir=models["tiny"])
 
     (folder / "export").mkdir(parents=True, exist_ok=True)
-    return [], [args(folder / "straight", "--trainer.max_steps=4"), args(folder / "first", "--trainer.max_steps=2"),
+    return [], [args(folder / "straight", "--trainer.max_steps=4"),
                 args(folder / "resumed", "--trainer.max_steps=4", f"--ckpt_path={folder / SAVED}"),
                 ["fit", "--config", str(sd3_fit_config(folder / "export", models["sd3"], *EXPORT)), *FSDP2]]
 

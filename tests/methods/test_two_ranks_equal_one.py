@@ -42,10 +42,11 @@ def test_ddp_two_processes_equal_one_process_for_every_method(tiny_model_dir, tw
                        module_folder(two_process_fits, __name__), "ddp")
 
 
-# full fine-tuning: two minibatches per batch: the ranks' micro-batch counts differ, so the shorter rank pads (weight
-# 0); clipping at 0.05 binds (a per-rank norm would clip differently); beta > 0 runs the sharded reference
+# full fine-tuning, one batch of two minibatches (two optimizer steps, the second from the sharded update of the
+# first): the ranks' micro-batch counts differ, so the shorter rank pads (weight 0); clipping at 0.05 binds (a
+# per-rank norm would clip differently); beta > 0 runs the sharded reference
 FULL = ["--model.init_args.policy.init_args.lora=null", "--trainer.callbacks.full=true", "--model.init_args.beta=0.1",
-        "--model.init_args.max_grad_norm=0.05", "--model.init_args.num_minibatches=2", "--trainer.max_steps=4",
+        "--model.init_args.max_grad_norm=0.05", "--model.init_args.num_minibatches=2",
         "--model.init_args.check_ratio=true", "--model.init_args.recompute_log_probs=true"]
 
 

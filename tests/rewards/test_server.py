@@ -1,12 +1,13 @@
 """The reward server as a real process on 127.0.0.1 and the ``RemoteReward`` client: correct scores for concurrent
 clients, batching of requests that arrive together, timeouts and retries on a slow reward, and a real ``python -m
-flowrl fit`` scoring through the server (a clear error naming the URL when the server is gone:
-test_server_shutdown.py). Faults: a request a reward rejects fails alone (400) while the requests batched with it are
+flowrl fit`` scoring through the server. Faults: a request a reward rejects fails alone (400) while the requests batched with it are
 scored; malformed requests get 400 naming the field; a reward's own failure is a 500 that the client quotes without
-retrying."""
+retrying. Last, SIGTERM to the server's main process stops every process of it and frees the port, and its client
+then gets a clear error naming the URL (SIGINT, the same handler: ``test_server_shutdown.py``, slow)."""
 
 import base64
 import json
+import signal
 import threading
 import urllib.error
 import urllib.request
@@ -22,7 +23,7 @@ from flowrl.rewards import DigitAlignment, JpegIncompressibility, RemoteReward
 from flowrl.rewards.protocol import decode_scores, encode_images
 from flowrl.rewards.remote import RemoteRewardError
 from tests.cli.test_fit import fit_args, load_steps
-from tests.rewards.server_process import reward_server
+from tests.rewards.server_process import assert_a_signal_stops_every_process, reward_server
 
 # one xdist worker runs this file (pytest's --dist loadgroup): its module's reward server process is built once, not
 # once per worker
@@ -50,11 +51,19 @@ batch_timeout: 0.5
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server_process(tmp_path_factory):
+    """The module's server, ``(url, process)``: its last test stops it with SIGTERM."""
     workdir = tmp_path_factory.mktemp("server")
     (workdir / "reward.yaml").write_text(CONFIG)
-    with reward_server(str(workdir / "reward.yaml"), workdir) as (url, _):
-        yield url
+    with reward_server(str(workdir / "reward.yaml"), workdir) as (url, proc):
+        yield url, proc
+
+
+@pytest.fixture
+def server(server_process):
+    url, proc = server_process
+    assert proc.poll() is None, "the module's server was stopped before this test (its SIGTERM test runs last)"
+    return url
 
 
 def images(n, seed):
@@ -231,3 +240,8 @@ def test_a_reward_failing_on_its_own_is_a_500_the_client_quotes_without_retrying
     assert (len(attempts), sleeps) == (2, [])  # one request each, never retried
     x = images(2, 5)  # the same rewards score other prompts: the server itself is fine
     assert torch.allclose(broken.score(x, ["p", "q"]), ((x * 255).round() / 255).mean(dim=(1, 2, 3)), atol=1e-6)
+
+
+# keep this test last in the file: it stops the module's server (a server of its own would cost one more start-up)
+def test_sigterm_stops_every_server_process_and_frees_the_port(server_process):
+    assert_a_signal_stops_every_process(*server_process, signal.SIGTERM, reward="mean")
