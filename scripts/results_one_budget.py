@@ -25,9 +25,12 @@ ONE_BUDGET = [
     ("G²RPO", "g2rpo_2026", "one SDE step from a shared ODE anchor, completed at 2 granularities"),
     ("GCPO", "gcpo_2026", "the outcome, a ratio and clip per chunk of steps"),
     ("Flash-GRPO", "flash_grpo_2026", "the outcome, on one SDE step per prompt group"),
+    ("DenseGRPO", "dense_grpo_2026", "r(ODE completion) after minus before the step, calibrated noise"),
+    ("TP-GRPO", "tp_grpo_2026", "the step's completion gain, the reward to the end at turning points"),
+    ("TempFlow-GRPO", "tempflow_grpo_2026", "one SDE branch per seed and step from an ODE trunk, completed"),
+    ("Dynamic-TreeRPO", "tree_rpo_2026", "the node's value in a binary tree inside a sliding SDE window"),
+    ("BranchGRPO", "branch_grpo_2026", "the node's value fused from its leaves, per depth"),
 ]
-#: not all 3 seeds run at this commit (the page says which): DenseGRPO, TP-GRPO, TempFlow-GRPO, Dynamic-TreeRPO and
-#: BranchGRPO, whose earlier runs (the page's "six policy-gradient methods" table) do not reproduce here
 SEEDS = (0, 1, 2)
 
 
@@ -84,7 +87,9 @@ def blocks() -> dict[str, str]:
 
 
 #: the page's plots: file under docs/ -> the ``ONE_BUDGET`` labels drawn (matplotlib's cycle has 10 colours)
-PLOTS = {"method_comparison_one_budget.png": ["Flow-GRPO", "one-step gain", "MixGRPO", "G²RPO", "GCPO", "Flash-GRPO"]}
+PLOTS = {"method_comparison_one_budget.png": ["Flow-GRPO", "one-step gain", "MixGRPO", "G²RPO", "GCPO", "Flash-GRPO"],
+         "method_comparison_one_budget_dense.png": ["Flow-GRPO", "one-step gain", "DenseGRPO", "TP-GRPO",
+                                                    "TempFlow-GRPO", "Dynamic-TreeRPO", "BranchGRPO"]}
 
 
 def plot_runs(labels: list[str], rows=ONE_BUDGET, seeds=SEEDS) -> dict[str, list]:
