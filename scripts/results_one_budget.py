@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import statistics
 
-from results_data import Run, md, recorded, run
+import plot_rewards as pr
+from results_data import DATA, ROOT, Run, md, recorded, run
 
 MC = "method_comparison"
 #: (label, kept stem, how it gives a step its credit), Flow-GRPO first: the reference of the goal
@@ -24,10 +25,12 @@ ONE_BUDGET = [
     ("G²RPO", "g2rpo_2026", "one SDE step from a shared ODE anchor, completed at 2 granularities"),
     ("GCPO", "gcpo_2026", "the outcome, a ratio and clip per chunk of steps"),
     ("Flash-GRPO", "flash_grpo_2026", "the outcome, on one SDE step per prompt group"),
+    ("DenseGRPO", "dense_grpo_2026", "r(ODE completion) after minus before the step, calibrated noise"),
+    ("TP-GRPO", "tp_grpo_2026", "the step's completion gain, the reward to the end at turning points"),
+    ("TempFlow-GRPO", "tempflow_grpo_2026", "one SDE branch per seed and step from an ODE trunk, completed"),
+    ("Dynamic-TreeRPO", "tree_rpo_2026", "the node's value in a binary tree inside a sliding SDE window"),
+    ("BranchGRPO", "branch_grpo_2026", "the node's value fused from its leaves, per depth"),
 ]
-#: not run at this commit (the 2-core machine's time ran out): DenseGRPO, TP-GRPO, TempFlow-GRPO, Dynamic-TreeRPO and
-#: BranchGRPO, whose runs at their papers' settings are of an earlier commit (the page's "six policy-gradient methods"
-#: table)
 SEEDS = (0, 1, 2)
 
 
@@ -81,3 +84,20 @@ def one_budget(rows=ONE_BUDGET, seeds=SEEDS) -> str:
 def blocks() -> dict[str, str]:
     """The section's blocks, in page order."""
     return {"one-budget": one_budget()}
+
+
+#: the page's plots: file under docs/ -> the ``ONE_BUDGET`` labels drawn (matplotlib's cycle has 10 colours)
+PLOTS = {"method_comparison_one_budget.png": ["Flow-GRPO", "one-step gain", "MixGRPO", "G²RPO", "GCPO", "Flash-GRPO"],
+         "method_comparison_one_budget_dense.png": ["Flow-GRPO", "one-step gain", "DenseGRPO", "TP-GRPO",
+                                                    "TempFlow-GRPO", "Dynamic-TreeRPO", "BranchGRPO"]}
+
+
+def plot_runs(labels: list[str], rows=ONE_BUDGET, seeds=SEEDS) -> dict[str, list]:
+    """``plot_rewards.plot``'s runs for ``labels``: each label's kept files, one per seed."""
+    stems = {label: stem for label, stem, _ in rows}
+    return {label: [DATA / MC / f"{stems[label]}_seed{s}.csv" for s in seeds] for label in labels}
+
+
+if __name__ == "__main__":  # python scripts/results_one_budget.py: redraw the section's plots
+    for name, labels in PLOTS.items():
+        pr.plot(plot_runs(labels), ROOT / "docs" / name, x="evaluations", split=True)
