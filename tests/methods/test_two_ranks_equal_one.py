@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 
 from tests.cli.test_fit import fit_args, load_steps
-from tests.methods.two_rank_cases import (DDP_CASES, FLASH_GRPO, GCPO, MIX_GRPO, SGD, STEP_GAIN_CASE, awm,
-                                          dense_grpo, diffusion_nft, flow_grpo, tdm_r1, tp_grpo)
+from tests.methods.two_rank_cases import DDP_CASES, DDP_ONLY, SGD, flow_grpo
 from tests.two_process_group import GROUP, module_folder
 
 pytestmark = GROUP
@@ -110,21 +109,7 @@ FSDP2_CASES = {name: sharded(make) for name, make in {
     "flow_grpo": flow_grpo,
     "full": full,
     "full_reduce_every_micro_batch": full_reduce_every_micro_batch,
-    "dense_grpo": dense_grpo,
-    "tp_grpo": tp_grpo,
-    "tempflow_grpo": DDP_CASES["tempflow_grpo"],
-    "tree_rpo": DDP_CASES["tree_rpo"],
-    "branch_grpo": DDP_CASES["branch_grpo"],
-    "g2rpo": DDP_CASES["g2rpo"],
-    "diffusion_nft": diffusion_nft,
-    "dppo": DDP_CASES["dppo"],
-    "grpo_guard": DDP_CASES["grpo_guard"],
-    "awm": awm,
-    "tdm_r1": tdm_r1,
-    "mix_grpo": MIX_GRPO,
-    "gcpo": GCPO,
-    "flash_grpo": FLASH_GRPO,
-    "step_gain": STEP_GAIN_CASE,
+    **{name: make for name, make in DDP_CASES.items() if name not in DDP_ONLY},
 }.items()}
 
 
