@@ -29,6 +29,7 @@ tensor([[-0.7071, -0.7071],
         [ 0.7071,  0.7071]])
 """
 
+from flowrl.advantages.downsampling import max_variance_subset
 from flowrl.advantages.granular import granular_evaluations, granular_grpo, granular_leaf_advantages
 from flowrl.advantages.outcome import dr_grpo, gpg, grpo, grpo_passk, opo, rloo
 from flowrl.advantages.primitives import (discounted_returns, generalized_advantages, group_stats, masked_whiten,
@@ -44,6 +45,7 @@ __all__ = [
     "grpo_passk", "opo", "prime",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline", "remax", "rloo", "step_grpo", "stratified_grpo", "tree",
-    "discounted_returns", "generalized_advantages", "group_stats", "masked_whiten", "normalize", "scores",
+    "discounted_returns", "generalized_advantages", "group_stats", "masked_whiten", "max_variance_subset", "normalize",
+    "scores",
     "tree_nodes",
 ]

@@ -23,6 +23,7 @@ from flowrl.cli.reward_checks import reward_model_problems
 from flowrl.config_nodes import as_dict, class_at, plain, with_defaults
 from flowrl.data import GroupLayout, PromptDataModule
 from flowrl.methods.base import BaseModule
+from flowrl.methods.downsample import group_size_problems
 from flowrl.model_paths import MODEL_KEY, model_problems
 
 
@@ -65,11 +66,12 @@ def config_problems(config: Any) -> list[str]:
 def built_problems(method: BaseModule, data: Any, world: int, max_steps: Optional[int]) -> list[str]:
     """Problems of the built method against the data options (the data module, or its parsed options) over
     ``world`` processes, before any weight loads: every problem of the method's options (``all_problems()``), the
-    batch geometry (samples per rollout: the method's ``rollout_cost()``, once its options are sound) and the
-    optimizer steps against ``trainer.max_steps``."""
+    batch geometry (samples per rollout: the method's ``rollout_cost()``, once its options are sound), the rows PODS
+    keeps of a group (``downsample_to``) and the optimizer steps against ``trainer.max_steps``."""
     problems = method.all_problems()
     samples = 1 if problems else method.rollout_cost()[0]
     problems += layout_problems(data, type(method), world, samples)
+    problems += group_size_problems(getattr(method, "downsample_to", None), layout(data, world, samples).group_size)
     if not problems:
         problems += schedule_problems(method, max_steps, layout(data, world, samples).local_batch_size)
     return problems

@@ -46,6 +46,7 @@ class DenseGRPO(FlowGRPO):
             (population std, +1e-4, clip 5), Eq. 10.
     """
 
+    step_credit = "a dense reward per step (one advantage per (row, step))"
     raw_rewards = True  # dR differences raw weighted rewards between completions
 
     def __init__(self, policy: FlowPolicy, completion_steps: Optional[int] = None,

@@ -21,6 +21,7 @@ from torch import Tensor
 from flowrl import losses
 from flowrl.methods.base import BaseModule
 from flowrl.methods.batch import Batch
+from flowrl.methods.downsample import downsample_problems, downsampled
 from flowrl.methods.option_surface import at_least
 from flowrl.policies.base import CFG_GRADIENTS, Conditioning, FlowPolicy
 from flowrl.sampling.rollout import Rollout
@@ -58,16 +59,21 @@ class PolicyGradient(BaseModule):
         recompute_log_probs: before the update, replace the sampled log-probs of the trained steps by their values
             under the unchanged weights in the update's own micro-batches (verl's ``old_log_prob``), so the first
             minibatch's ratios are exactly 1 whatever the sampling batch or precision; one extra forward pass.
+        downsample_to: PODS (arXiv 2504.13818): train only ``m`` rows of each prompt's group, those whose rewards have
+            the largest variance, with the advantages computed on them alone (:mod:`flowrl.methods.downsample`);
+            the other rows are sampled and scored but run no training pass. ``2 <= m < data.group_size``; None: every
+            row. Only where the advantage is one per row (an outcome estimator).
     """
 
     uses_ppo = True  # one optimizer, stepped through the strategy: what DeepSpeed's engine runs (strategies.checks)
+    step_credit: Optional[str] = None  # what a method credits beyond one advantage per row (refuses downsample_to)
 
     def __init__(self, policy: FlowPolicy, step_kind: str = "flow_grpo", noise_level: float = 0.7,
                  clip_range: float = 1e-4, loss: str = "vanilla", loss_options: Optional[dict[str, Any]] = None,
                  beta: float = 0.0, kl_convention: str = "exact", cfg_gradient: str = "both",
                  num_inner_epochs: int = 1, num_minibatches: int = 1, micro_batch_size: int = 16,
                  check_ratio: bool = False, check_ratio_threshold: float = 1e-3, recompute_log_probs: bool = False,
-                 **kwargs: Any):
+                 downsample_to: Optional[int] = None, **kwargs: Any):
         # **kwargs passed on unchanged: jsonargparse reads the base's signature through it (--help, YAML checks)
         super().__init__(policy, **kwargs)
         self.step_kind, self.noise_level = step_kind, noise_level
@@ -76,6 +82,7 @@ class PolicyGradient(BaseModule):
         self.num_inner_epochs, self.num_minibatches = num_inner_epochs, num_minibatches
         self.micro_batch_size, self.check_ratio = micro_batch_size, check_ratio
         self.check_ratio_threshold, self.recompute_log_probs = check_ratio_threshold, recompute_log_probs
+        self.downsample_to = downsample_to
 
     @cached_property
     def ppo(self) -> PPOUpdate:
@@ -109,6 +116,7 @@ class PolicyGradient(BaseModule):
         if self.cfg_gradient not in CFG_GRADIENTS:
             problems.append(f"model.cfg_gradient={self.cfg_gradient!r}: choose one of {list(CFG_GRADIENTS)}")
         problems += at_least(self, 1, ("num_inner_epochs", "num_minibatches", "micro_batch_size"))
+        problems += downsample_problems(self)
         if self.loss not in losses.available_policy_losses():
             return problems + [f"model.loss={self.loss!r}: choose a policy loss from "
                                f"{losses.available_policy_losses()}"]
@@ -133,6 +141,11 @@ class PolicyGradient(BaseModule):
         """Rollout batches trained so far (each takes ``num_inner_epochs * num_minibatches`` optimizer steps): the
         iteration a schedule over training reads, the same after a resume."""
         return self.global_step // (self.num_inner_epochs * self.num_minibatches)
+
+    def apply_hooks(self, batch: Batch) -> Batch:
+        if self.downsample_to is None:
+            return super().apply_hooks(batch)
+        return downsampled(batch, self.downsample_to, self.advantage_groups, super().apply_hooks)
 
     # -- the update ----------------------------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ class TPGRPO(PolicyGradient):
             +1e-4, advantages clipped to 5.
     """
 
+    step_credit = "a reward per step at its turning points (one advantage per (row, step))"
     raw_rewards = True  # step rewards difference raw weighted rewards along a trajectory
 
     def __init__(self, policy: FlowPolicy, window_start: int = 0, window_size: int = 9, step_kind: str = "cps",

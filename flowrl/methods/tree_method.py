@@ -35,6 +35,7 @@ class TreeMethod(PolicyGradient):
     """
 
     min_group_size = 1  # a tree's leaves form groups of their own (advantage_group: tree)
+    step_credit = "advantages per tree node (leaves share their branches' transitions)"
 
     def __init__(self, policy: FlowPolicy, completion_steps: Optional[int] = None,
                  tree_chunk_size: Optional[int] = None, advantage_group: str = "tree", **kwargs: Any):
