@@ -47,16 +47,19 @@ def test_runs_get_their_own_versions_and_keep_each_others_metrics(tiny_model_dir
     assert sorted(p.name for p in (tmp_path / "tiny_flow_grpo").iterdir()) == ["latest", "version_0", "version_1"]
 
 
-def test_a_resumed_run_gets_a_new_version_that_plot_rewards_joins(tiny_model_dir, tmp_path):
-    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=4"))
+@pytest.mark.parametrize("extra", [[], ["--data.group_size=4", "--model.init_args.downsample_to=2"]],
+                         ids=["every_row", "pods"])  # PODS: the rows trained are chosen again alike after the resume
+def test_a_resumed_run_gets_a_new_version_that_plot_rewards_joins(extra, tiny_model_dir, tmp_path):
+    run = lambda *args: shipped(*args, *extra)  # noqa: E731
+    main(run(tmp_path, tiny_model_dir, "--trainer.max_steps=4"))
     straight = plot_rewards.read_metrics(tmp_path / "tiny_flow_grpo" / "version_0" / "metrics.csv")
     ckpt = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
             "--trainer.callbacks.every_n_train_steps=2", "--trainer.callbacks.save_top_k=-1"]
-    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=2", *ckpt))
+    main(run(tmp_path, tiny_model_dir, "--trainer.max_steps=2", *ckpt))
     first = tmp_path / "tiny_flow_grpo" / "version_1"
     kept = (first / "metrics.csv").read_text()
     (saved,) = first.glob("checkpoints/epoch=0-step=2.ckpt")
-    main(shipped(tmp_path, tiny_model_dir, "--trainer.max_steps=4", f"--ckpt_path={saved}"))
+    main(run(tmp_path, tiny_model_dir, "--trainer.max_steps=4", f"--ckpt_path={saved}"))
     resumed = tmp_path / "tiny_flow_grpo" / "version_2"
     assert (first / "metrics.csv").read_text() == kept  # the history before the resume is still there
     assert [int(float(r["step"])) for r in rows(resumed / "metrics.csv") if r["train/reward/total"]] == [2, 3]
