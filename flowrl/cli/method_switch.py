@@ -8,7 +8,8 @@ config's ``init_args``, followed by every other ``--model.*`` option of the comm
 given before the switch would otherwise be reset with the earlier class), so the command line still overrides them.
 
 A config written for one method sets options another lacks (Flow-GRPO's ``timestep_fraction`` on a tree method, the
-PPO options on TDM-R1): on a switch those the config files set are left out of the layer and named in one notice,
+PPO options on TDM-R1), or inherits but refuses (PODS' ``downsample_to`` on a method that credits steps or tree
+nodes): on a switch those the config files set are left out of the layer and named in one notice,
 since the user asked for the other method and not for them; the same option typed on the command line is still an
 error (:mod:`flowrl.cli.option_names`). A hand-edited ``class_path`` whose own config sets options it lacks is an
 error too: nothing was switched, so the config is wrong.
@@ -98,7 +99,8 @@ def method_switch(args: list[str]) -> Switch:
     model, dropped = {"class_path": switched, "init_args": dict(model.get("init_args") or {})}, []
     cls = class_at(switched)
     if cls is not None and hasattr(cls, "all_problems"):  # a flowrl method: the parser names anything else
-        dropped = sorted(set(model["init_args"]) - set(declared_options(cls)))
+        refused = cls.inapplicable_options() if hasattr(cls, "inapplicable_options") else ()
+        dropped = sorted(set(model["init_args"]) - (set(declared_options(cls)) - set(refused)))
         for key in dropped:
             del model["init_args"][key]
     layer = yaml.safe_dump({"model": model}, default_flow_style=True, width=10**9).strip()

@@ -95,6 +95,12 @@ class PolicyGradient(BaseModule):
                          check_ratio=self.check_ratio, check_ratio_threshold=self.check_ratio_threshold,
                          recompute_log_probs=self.recompute_log_probs)
 
+    @classmethod
+    def inapplicable_options(cls) -> tuple[str, ...]:
+        """Options this class inherits but refuses whatever their value (a method switch leaves them out of the config
+        it carries over: :mod:`flowrl.cli.method_switch`): ``downsample_to`` where the credit is per step or node."""
+        return ("downsample_to",) if cls.step_credit is not None else ()
+
     def setup_weights(self) -> None:
         super().setup_weights()
         if self.beta > 0:  # the KL's reference: full fine-tuning copies the loaded weights

@@ -106,3 +106,15 @@ def test_a_switched_tiny_fit_runs_with_the_option_given_before_the_switch(tiny_m
     out = capsys.readouterr().out
     assert "flowrl: --model.class_path=flowrl.methods.DiffusionNFT has no option clip_range, which the config sets" in out
     assert "flowrl fit: DiffusionNFT on TinyFlowPolicy" in out and "; 2 sampling steps," in out  # not the config's 3
+
+
+@pytest.mark.parametrize("switch, kept", [("DenseGRPO", False), ("TPGRPO", False), ("FlowGRPO", True)])
+def test_pods_set_by_the_config_is_left_out_where_the_method_credits_steps(checked, capsys, tmp_path, switch, kept):
+    # a quickstart that trains 4 of each group's 8 rows: DenseGRPO and TP-GRPO inherit the option but refuse it
+    (tmp_path / "pods.yaml").write_text("model: {init_args: {downsample_to: 4}}")
+    fix = ["--model.init_args.window_size=6"] if switch == "TPGRPO" else []
+    config = checked("--config", str(tmp_path / "pods.yaml"), f"--model.class_path=flowrl.methods.{switch}", *fix)
+    assert not isinstance(config, str), config
+    assert (config.model.init_args.get("downsample_to") == 4) == kept
+    notices = [line for line in capsys.readouterr().out.splitlines() if "left out" in line]
+    assert kept or any("downsample_to" in line for line in notices), notices
