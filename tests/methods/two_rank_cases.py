@@ -69,6 +69,9 @@ GCPO = step_credit("--model.init_args.loss=chunk_gspo", "--model.init_args.loss_
                    "--model.init_args.train_chunks=0.5", "--model.init_args.chunk_weighting=normalized",
                    "--model.init_args.timestep_fraction=1.0")
 
+# PODS: 2 of each group's 4 rows trained, chosen on the gathered batch (the ranks hold unequal shares of the kept rows)
+PODS = step_credit("--model.init_args.downsample_to=2")
+
 # the one-step gain credit: each rank scores its own rows' predictions x - sigma v, the gains normalised per (group,
 # step) over the gathered batch
 STEP_GAIN_CASE = step_credit(*STEP_GAIN)
@@ -219,8 +222,10 @@ DDP_CASES = {
     "gcpo": GCPO,
     "flash_grpo": FLASH_GRPO,
     "step_gain": STEP_GAIN_CASE,
+    "pods": PODS,
     "uneven_pairs": uneven_pairs,
     "nan_on_one_rank": nan_on_one_rank,
 }
-#: the DDP cases FSDP2's list leaves out: the ranks' unequal trained pairs and a NaN on one rank are DDP's own checks
-DDP_ONLY = ("uneven_pairs", "nan_on_one_rank")
+#: the DDP cases FSDP2's list leaves out: the ranks' unequal trained pairs and a NaN on one rank are DDP's own checks;
+#: PODS chooses on the gathered batch before any strategy acts, so one strategy checks it
+DDP_ONLY = ("uneven_pairs", "nan_on_one_rank", "pods")
