@@ -71,9 +71,10 @@ def built_problems(method: BaseModule, data: Any, world: int, max_steps: Optiona
     problems = method.all_problems()
     samples = 1 if problems else method.rollout_cost()[0]
     problems += layout_problems(data, type(method), world, samples)
-    problems += group_size_problems(getattr(method, "downsample_to", None), layout(data, world, samples).group_size)
+    geometry = layout(data, world, samples)
+    problems += group_size_problems(getattr(method, "downsample_to", None), geometry.group_size)
     if not problems:
-        problems += schedule_problems(method, max_steps, layout(data, world, samples).local_batch_size)
+        problems += schedule_problems(method, max_steps, geometry.local_batch_size)
     return problems
 
 

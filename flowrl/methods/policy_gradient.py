@@ -149,6 +149,7 @@ class PolicyGradient(BaseModule):
         return self.global_step // (self.num_inner_epochs * self.num_minibatches)
 
     def apply_hooks(self, batch: Batch) -> Batch:
+        """The loop's credit; with ``downsample_to``, on each group's max-variance rows alone (PODS)."""
         if self.downsample_to is None:
             return super().apply_hooks(batch)
         return downsampled(batch, self.downsample_to, self.advantage_groups, super().apply_hooks)
