@@ -28,6 +28,8 @@ def velocity(z, sigma, rows):
 def test_the_tail_keeps_the_authors_count_of_points_on_the_grid():
     assert tail_indices(6, 1, 0.6) == [2, 4, 6] and tail_indices(6, 1, 0.4) == [2, 6]
     assert tail_indices(6, 1, 1.0) == [2, 3, 4, 5, 6]
+    assert tail_indices(10, 2, 0.7) == [3, 5, 7, 8, 10]  # 5 points: 3 + round(j x 7 / 4) = 3 + (0, 2, 4, 5, 7)
+    assert tail_indices(6, 0, 0.5) == [1, 4, 6]  # 3 points: 1 + round(j x 5 / 2), 2.5 rounded up
     for T, L, ratio in [(25, 3, 0.4), (25, 0, 0.2), (16, 5, 0.5), (10, 2, 0.7)]:  # the authors' count, >= 2 points
         assert len(tail_indices(T, L, ratio)) == int(max((T - L) * ratio, 1))
     assert tail_indices(6, 1, 0.2) == [2, 6]  # theirs is 1 point (no step, ending off 0): flowrl takes one step
