@@ -40,8 +40,8 @@ from flowrl.methods.option_surface import at_least
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.policies.multistep_solvers import MULTISTEP_SOLVERS, multistep_solver
-from flowrl.sampling.flash import WEIGHT_SCOPES, flash_noise_levels, group_steps, one_step_mask, rectification
 from flowrl.sampling.coarse_tail import coarse_grid
+from flowrl.sampling.flash import WEIGHT_SCOPES, flash_noise_levels, group_steps, one_step_mask, rectification
 from flowrl.sampling.flash import rectified_weights
 from flowrl.sampling.multistep import MultistepTail
 from flowrl.sampling.rollout import Rollout

@@ -12,7 +12,8 @@ the same points for a shifted linear grid where ``(T - L - 1) / (points - 1)`` i
 holds for every policy's schedule. It takes at least one step (the authors' count gives none, ending off 0, when
 ``(T - L) * ratio < 2``). A trajectory sampled on the coarse grid is put back on the full one by
 :func:`expand_to_grid`: a skipped state is the linear interpolation in sigma between the computed states around it,
-which is exactly the Euler path of the coarse step, and its log-prob 0 (the ODE's).
+which is exactly the Euler path of the coarse step (a chord of a multistep solver's or DDIM's), and its log-prob 0
+(the ODE's).
 """
 
 from __future__ import annotations
