@@ -13,8 +13,9 @@ much each counts (the ODE runs on the other steps, and only stochastic steps are
 - MixGRPO (arXiv 2507.21802): ``sde_window = S``: the SDE on a window of ``S`` steps that slides over training
   (:func:`flowrl.sampling.windows.window_mask`: ``progressive`` every ``window_shift_every`` batches, or ``random``,
   inside ``window_range``, default ``[0, T - 2)`` as the authors'); MixGRPO-Flash: ``ode_solver_after_window:
-  dpmsolver++``, diffusers' DPM-Solver++ (order 2) on the steps after the window instead of Euler, on the same grid
-  (:mod:`flowrl.sampling.multistep`).
+  dpmsolver++``, diffusers' DPM-Solver++ (order 2) on the steps after the window instead of Euler
+  (:mod:`flowrl.sampling.multistep`), and ``tail_compress``, those steps on a coarser sub-grid
+  (:mod:`flowrl.sampling.coarse_tail`).
 - Flash-GRPO (arXiv 2605.15980): ``flash_pool``: one stochastic step per prompt group drawn from these steps;
   ``flash_noise``: its std ``noise_level * (sigma_min + (sigma_max - sigma_min) sigma)``; ``rectify``: the loss
   weight ``coe / mean coe`` over the ``batch`` (the authors) or the ``pool`` (UniRL)
@@ -39,6 +40,7 @@ from flowrl.methods.option_surface import at_least
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.policies.multistep_solvers import MULTISTEP_SOLVERS, multistep_solver
+from flowrl.sampling.coarse_tail import coarse_grid
 from flowrl.sampling.flash import WEIGHT_SCOPES, flash_noise_levels, group_steps, one_step_mask, rectification
 from flowrl.sampling.flash import rectified_weights
 from flowrl.sampling.multistep import MultistepTail
@@ -63,7 +65,14 @@ class FlowGRPO(PolicyGradient):
         window_shift_every: batches per window position (MixGRPO's ``iters_per_group``, 25).
         window_range: ``[low, high)``: the steps the window may cover (None: ``[0, T - 2)``, MixGRPO's).
         ode_solver_after_window: MixGRPO-Flash: the steps after the window integrated by this diffusers multistep
-            solver (``dpmsolver++``: DPM-Solver++ of order 2, the authors') on the same grid (None: the ODE step).
+            solver (``dpmsolver++``: DPM-Solver++ of order 2, the authors') (None: the ODE step).
+        tail_compress: MixGRPO-Flash's ``dpm_post_compress_ratio`` (the authors' 0.4): after the window's last step
+            ``L`` the ODE runs on ``min(max(int((T - L) x tail_compress) - 1, 1), T - L - 1)`` steps instead of the
+            grid's ``T - L - 1`` (the authors' ``int(max((T - L) x ratio, 1)) - 1``, but at least one step), on
+            the schedule's own points at rounded evenly spaced indices from ``L + 1`` to ``T`` (the authors
+            re-space in time and re-apply the shift: the same points where the spacing is whole); the skipped
+            states are interpolated in sigma (the Euler path), and only the model calls made are counted.
+            Saves model calls after the window only; the window's steps are unchanged (1: the grid's steps).
         flash_pool: Flash-GRPO: the steps from which each prompt group draws its one stochastic step (None: off).
         flash_noise: Flash-GRPO's SDE std ``noise_level * (sigma_min + (sigma_max - sigma_min) sigma)``.
         rectify: Flash-GRPO's loss weight ``coe(k) / mean coe``: ``batch`` (the authors) or ``pool`` (UniRL)
@@ -78,14 +87,14 @@ class FlowGRPO(PolicyGradient):
                  kl_convention: str = "flow_grpo", sde_window: Optional[int] = None,
                  window_strategy: str = "progressive", window_shift_every: int = 25,
                  window_range: Optional[list[int]] = None, ode_solver_after_window: Optional[str] = None,
-                 flash_pool: Optional[list[int]] = None,
+                 tail_compress: float = 1.0, flash_pool: Optional[list[int]] = None,
                  flash_noise: bool = False, rectify: Optional[str] = None, train_chunks: Optional[float] = None,
                  chunk_weighting: Optional[str] = None, **kwargs: Any):
         super().__init__(policy, cfg_gradient=cfg_gradient, kl_convention=kl_convention, **kwargs)
         self.timestep_fraction = timestep_fraction
         self.sde_window, self.window_strategy = sde_window, window_strategy
         self.window_shift_every, self.window_range = window_shift_every, window_range
-        self.ode_solver_after_window = ode_solver_after_window
+        self.ode_solver_after_window, self.tail_compress = ode_solver_after_window, tail_compress
         self.flash_pool, self.flash_noise, self.rectify = flash_pool, flash_noise, rectify
         self.train_chunks, self.chunk_weighting = train_chunks, chunk_weighting
 
@@ -139,8 +148,17 @@ class FlowGRPO(PolicyGradient):
     def ode_tail(self, sde_mask: Tensor, sigmas: Tensor) -> Optional[MultistepTail]:
         if self.ode_solver_after_window is None:
             return None
-        after = int(sde_mask.reshape(-1, self.num_steps).any(0).nonzero().max()) + 1  # after every row's window
+        after = int(sde_mask.reshape(-1, sde_mask.shape[-1]).any(0).nonzero().max()) + 1  # after every row's window
         return MultistepTail(multistep_solver(self.ode_solver_after_window), sigmas, after)
+
+    def rollout_grid(self, sde_mask: Tensor) -> Optional[Tensor]:
+        return None if self.sde_window is None else coarse_grid(sde_mask, self.tail_compress)
+
+    def rollout_cost(self) -> tuple[int, int]:
+        """One trajectory; with ``tail_compress`` its model calls at the first batch's window (later windows cost
+        what theirs do: ``rollout/evaluations`` counts them)."""
+        grid = self.rollout_grid(self.sde_mask(0)) if self.tail_compress < 1 else None
+        return (1, self.num_steps) if grid is None else (1, len(grid) - 1)
 
     def noise_levels(self) -> Tensor:
         if not self.flash_noise:
@@ -162,8 +180,8 @@ class FlowGRPO(PolicyGradient):
 
 
 def tail_problems(o: "FlowGRPO") -> list[str]:
-    """MixGRPO-Flash's solver: a known one, after a window, on a flow (velocity) model; Flash-GRPO's noise: the
-    ``flow_grpo`` step's."""
+    """MixGRPO-Flash's solver: a known one, after a window, on a flow (velocity) model; its compression: in (0, 1],
+    after a window, without completions (they start at every state); Flash-GRPO's noise: the ``flow_grpo`` step's."""
     problems, solver = [], o.ode_solver_after_window
     if solver is not None:
         if solver not in MULTISTEP_SOLVERS:
@@ -175,6 +193,15 @@ def tail_problems(o: "FlowGRPO") -> list[str]:
         if (predicts := getattr(o.policy, "prediction", "velocity")) != "velocity":
             problems.append(f"model.ode_solver_after_window={solver!r} is the flow (velocity) solver, but the policy "
                             f"predicts {predicts}; set it to null")
+    if not 0 < o.tail_compress <= 1:  # also rejects NaN
+        problems.append(f"model.tail_compress={o.tail_compress} must be in (0, 1]: the share of the steps after the "
+                        "window kept (1: all of them; MixGRPO-Flash's 0.4)")
+    elif o.tail_compress < 1 and o.sde_window is None:
+        problems.append(f"model.tail_compress={o.tail_compress} compresses the ODE steps after MixGRPO's window: set "
+                        "model.sde_window, or model.tail_compress=1")
+    elif o.tail_compress < 1 and o.completions is not None:
+        problems.append(f"model.tail_compress={o.tail_compress} skips states whose completions "
+                        f"{type(o).__name__} scores: set model.tail_compress=1")
     if o.flash_noise and o.step_kind != "flow_grpo":
         problems.append(f"model.flash_noise=true sets the flow_grpo step's std, not the {o.step_kind} step's; set "
                         "model.step_kind=flow_grpo or model.flash_noise=false")

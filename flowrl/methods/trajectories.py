@@ -35,15 +35,18 @@ class Trajectories(Validation):
         cond_rows = batch.get("cond_rows", torch.arange(len(batch["seeds"]), device=self.device))
         reuse = self.completions is not None and self.completions.completion_steps == 0
         velocities = [] if reuse else None  # kept only for completions that reuse them
+        grid = self.rollout_grid(mask)
+        tail = self.ode_tail(mask, sigmas) if grid is None else self.ode_tail(mask[..., grid[:-1]], sigmas[grid])
         latents, log_probs = sample(self.generation.velocity_fn(cond, cond_rows), batch["seeds"], sigmas,
                                     self.policy.latent_shape(), self.step_kind, self.noise_levels(), mask, self.device,
-                                    velocities, self.ode_tail(mask, sigmas))
+                                    velocities, tail, grid)
         size = latents.shape[0]
         train = self.trained_steps(mask, sigmas.cpu()).to(self.device)
         rollout = Rollout(prompts=batch["prompts"], group_ids=batch["group_ids"], seeds=batch["seeds"],
                           latents=latents, log_probs=log_probs, sigmas=sigmas.expand(size, -1),
                           train_mask=train.expand(size, -1).clone(), cond_rows=cond_rows,
-                          nfe=torch.full((size,), self.num_steps, device=self.device),
+                          nfe=torch.full((size,), self.num_steps if grid is None else len(grid) - 1,
+                                         device=self.device),
                           velocities=torch.stack(velocities, 1) if reuse else None)
         starts = self.completion_starts()
         if starts is not None:  # each completion scored with its trajectory's metadata (an edit: its sources)
@@ -91,6 +94,12 @@ class Trajectories(Validation):
     def ode_tail(self, sde_mask: Tensor, sigmas: Tensor) -> Optional[MultistepTail]:
         """The multistep solver of the steps after the stochastic ones of ``sde_mask`` on the grid ``sigmas`` (None:
         the step kind's own ODE step everywhere; MixGRPO-Flash's DPM-Solver++ overrides it)."""
+        return None
+
+    def rollout_grid(self, sde_mask: Tensor) -> Optional[Tensor]:
+        """The indices ``[n + 1]`` of the ``T + 1`` grid points at which a rollout with the stochastic steps
+        ``sde_mask`` runs the model (None: every one; MixGRPO-Flash's coarser tail after the window overrides it);
+        the states between are interpolated (:func:`~flowrl.sampling.coarse_tail.expand_to_grid`)."""
         return None
 
     def sde_mask(self) -> Tensor:

@@ -15,7 +15,9 @@
   intermediate states and their rewards (dense step-reward methods);
 - :mod:`~flowrl.sampling.completions`: the completion-and-scoring component DenseGRPO, TP-GRPO and TempFlow-GRPO
   share (which states to complete is theirs; the ODE completion, decoding and the reward set's total are here);
-- :mod:`~flowrl.sampling.noise_calibration`: DenseGRPO's exploration-space calibration.
+- :mod:`~flowrl.sampling.noise_calibration`: DenseGRPO's exploration-space calibration;
+- :mod:`~flowrl.sampling.coarse_tail`: MixGRPO-Flash's coarser ODE grid after the SDE window (``coarse_grid``, what
+  ``sample(grid=...)`` runs on) and the trajectory put back on the full grid (``expand_to_grid``).
 """
 
 from flowrl.sampling.completion_rewards import completion_rewards

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from flowrl.sampling.coarse_tail import expand_to_grid, grid_problem
 from flowrl.sampling.steps import ODE_STEPS, StepOutput, get_step, ode_kind
 
 if TYPE_CHECKING:
@@ -80,6 +81,11 @@ class NoiseStream:
     def rest(self) -> "NoiseStream":
         """The draws not yet taken, numbered from 0 (``sample_from``'s steps after the initial noise)."""
         self.offset = self.taken
+        return self
+
+    def first(self, draws: int) -> "NoiseStream":
+        """Only its first ``draws`` draws (a coarser grid's steps), each the number the whole stream gives there."""
+        self.draws = min(draws, self.draws)
         return self
 
     def draw(self, i: int) -> Tensor:
@@ -238,22 +244,37 @@ def sample_from(velocity: VelocityFn, z: Tensor, sigmas: Tensor, start: int = 0,
 def sample(velocity: VelocityFn, seeds: Tensor, sigmas: Tensor, latent_shape: Sequence[int],
            step_kind: str = "flow_grpo", noise_level: float | Tensor = 0.7, sde_mask: Optional[Tensor] = None,
            device: torch.device | str = "cpu", velocities: Optional[list[Tensor]] = None,
-           tail: Optional["MultistepTail"] = None) -> tuple[Tensor, Tensor]:
+           tail: Optional["MultistepTail"] = None, grid: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Whole trajectories from seeded noise along ``sigmas [T+1]``: ``sample_from`` step 0 with ``seeded_noise``
     (``tail``: see :func:`sample_from`).
 
     Args:
         seeds: ``[B]`` long. sigmas: ``[T + 1]`` from 1 to 0. sde_mask: ``[T]`` or ``[B, T]`` (default: the SDE
             on every step of an SDE kind, none for an ODE kind).
+        grid: ``[n + 1]`` long, the indices of ``sigmas`` the model runs at (MixGRPO-Flash's coarser tail:
+            :func:`~flowrl.sampling.coarse_tail.coarse_grid`; None: every one), ``tail`` built on ``sigmas[grid]``;
+            the steps up to the first merged one, their noise included, are those of the full grid.
     Returns:
-        latents ``[B, T+1, *latent_shape]`` and log_probs ``[B, T]`` (float32).
+        latents ``[B, T+1, *latent_shape]`` and log_probs ``[B, T]`` (float32), on the full grid (skipped states
+        interpolated: :func:`~flowrl.sampling.coarse_tail.expand_to_grid`).
+    Raises:
+        ValueError: ``grid`` merges a stochastic step, or does not run from 0 to ``T``.
     """
     num_steps = sigmas.numel() - 1
     sde_mask = sde_steps(num_steps, step_kind) if sde_mask is None else sde_mask
     noise = NoiseStream(seeds, latent_shape, num_steps + 1, device)  # seeded_noise [B, T+1, ...], a step at a time
     z0 = noise.draw(0)
-    return sample_from(velocity, z0, sigmas, 0, noise.rest(), step_kind, sde_mask, noise_level, velocities,
-                       tail=tail)
+    if grid is None:
+        return sample_from(velocity, z0, sigmas, 0, noise.rest(), step_kind, sde_mask, noise_level, velocities,
+                           tail=tail)
+    if problem := grid_problem(sde_mask, grid):
+        raise ValueError(f"sample: {problem}")
+    steps = grid[:-1].cpu()
+    levels = torch.as_tensor(noise_level, dtype=torch.float32).expand(num_steps)[steps]
+    latents, log_probs = sample_from(velocity, z0, sigmas[grid.to(sigmas.device)], 0, noise.first(len(grid)).rest(),
+                                     step_kind, sde_mask[..., steps.to(sde_mask.device)], levels, velocities,
+                                     tail=tail)
+    return expand_to_grid(latents, log_probs, sigmas, grid)
 
 
 def sde_steps(num_steps: int, step_kind: str, sde_window: Optional[tuple[int, int]] = None) -> Tensor:

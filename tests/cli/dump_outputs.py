@@ -1,4 +1,5 @@
-"""A test callback that saves each rank's per-sample seeds, advantages and rewards, the final weights (LoRA, or
+"""A test callback that saves each rank's per-sample seeds, advantages and rewards, the batch's model evaluations,
+the final weights (LoRA, or
 ``full``: all of them), the gradient norm logged at each step, the bytes of the denoiser (and reference) each rank
 holds, and (DenseGRPO) each rank's calibrated noise scales."""
 
@@ -18,6 +19,8 @@ class DumpOutputs(Callback):
         rows = {k: outputs[k].cpu() for k in ("seeds", "group_ids", "advantages", "rewards", "node_ids")
                 if outputs.get(k) is not None}
         rows["devices"] = {"images": outputs["images"].device.type, "module": pl_module.device.type}
+        if "rollout/evaluations" in trainer.callback_metrics:  # the batch's model calls, every rank's
+            rows["evaluations"] = trainer.callback_metrics["rollout/evaluations"].cpu()
         if "train/grad_norm" in trainer.callback_metrics:
             rows["grad_norm"] = trainer.callback_metrics["train/grad_norm"].cpu()
         torch.save(rows, self.out / f"step{trainer.fit_loop.total_batch_idx}_rank{trainer.global_rank}.pt")

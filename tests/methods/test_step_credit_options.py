@@ -19,6 +19,10 @@ POLICY = {"class_path": "flowrl.policies.TinyFlowPolicy"}
     ({"sde_window": 2, "window_strategy": "decay"}, "model.window_strategy='decay'"),
     ({"sde_window": 2, "window_range": [5, 3]}, "model.window_range=[5, 3)"),
     ({"ode_solver_after_window": "dpmsolver++"}, "set model.sde_window"),
+    ({"sde_window": 2, "tail_compress": 0.0}, "model.tail_compress=0.0 must be in (0, 1]"),
+    ({"sde_window": 2, "tail_compress": 1.5}, "model.tail_compress=1.5 must be in (0, 1]"),
+    ({"tail_compress": 0.4}, "model.tail_compress=0.4 compresses the ODE steps after MixGRPO's window: set "
+                             "model.sde_window, or model.tail_compress=1"),
     ({"sde_window": 2, "ode_solver_after_window": "unipc"}, "model.ode_solver_after_window='unipc'"),
     ({"flash_pool": [0], "flash_noise": True, "step_kind": "cps"}, "sets the flow_grpo step's std, not the cps"),
     ({"flash_pool": [0, 12]}, "model.flash_pool=[0, 12]"),
@@ -39,7 +43,7 @@ def test_bad_step_credit_options_are_named(options, message):
 def test_published_settings_pass_the_checks():
     assert option_problems(FlowGRPO, policy=POLICY, num_steps=25, sde_window=4) == []  # MixGRPO
     assert option_problems(FlowGRPO, policy=POLICY, num_steps=25, sde_window=4,
-                           ode_solver_after_window="dpmsolver++") == []  # MixGRPO-Flash
+                           ode_solver_after_window="dpmsolver++", tail_compress=0.4) == []  # MixGRPO-Flash
     assert option_problems(FlowGRPO, policy=POLICY, num_steps=20, flash_pool=list(range(10)), flash_noise=True,
                            rectify="batch", noise_level=1.0) == []  # Flash-GRPO
     assert option_problems(FlowGRPO, policy=POLICY, num_steps=17, loss="chunk_gspo@gcpo", clip_range=5e-5,
@@ -51,11 +55,12 @@ def trained_columns(step):
     return [set(row.nonzero().flatten().tolist()) for row in step["advantages"]]
 
 
-@pytest.mark.parametrize("solver", [None, "dpmsolver++"])
-def test_mixgrpo_window_slides_over_batches(tiny_model_dir, tmp_path, solver):
+@pytest.mark.parametrize("solver, compress", [(None, None), ("dpmsolver++", None), ("dpmsolver++", 0.4)])
+def test_mixgrpo_window_slides_over_batches(tiny_model_dir, tmp_path, solver, compress):
     # T = 3, window 1 in [0, 2): batch 0 trains step 0, batch 1 step 1, batch 2 step 0 again; MixGRPO-Flash's solver
-    # after the window changes the images, not which steps train
+    # after the window, and its compressed tail, change the images, not which steps train
     extra = [] if solver is None else [f"--model.init_args.ode_solver_after_window={solver}"]
+    extra += [] if compress is None else [f"--model.init_args.tail_compress={compress}"]
     main(fit_args(tiny_model_dir, tmp_path, "--model.init_args.sde_window=1", "--model.init_args.window_shift_every=1",
                   "--model.init_args.window_range=[0, 2]", "--trainer.max_steps=3", *extra))
     steps = load_steps(tmp_path)
@@ -64,6 +69,10 @@ def test_mixgrpo_window_slides_over_batches(tiny_model_dir, tmp_path, solver):
         assert window == {b % 2}
         columns = trained_columns(steps[f"step{b}_rank0"])
         assert all(c <= window for c in columns) and any(c == window for c in columns)
+        # 8 rows of 3 model calls; compressed after a window at step 0: int((3 - 0) x 0.4) = 1 -> 2 points, 1 step
+        # instead of 2 (after step 1 nothing is left to compress)
+        calls = 2 if compress is not None and b % 2 == 0 else 3
+        assert float(steps[f"step{b}_rank0"]["evaluations"]) == 8 * calls
 
 
 def test_flash_trains_one_step_per_group_with_rectified_weights(tiny_model_dir, tmp_path):
@@ -114,3 +123,42 @@ def test_rectified_loss_weights_follow_each_rows_step():
     coe = rectification(sigmas)
     mean = (coe[0] + coe[1]) / 2  # over the valid rows only; the third row has no valid reward
     torch.testing.assert_close(weights[:, 0], torch.stack([coe[0] / mean, coe[1] / mean, torch.tensor(0.0)]))
+
+
+@pytest.mark.parametrize("compress", [1.0, 0.6])
+def test_a_compressed_tail_samples_the_window_as_the_full_grid_and_counts_its_calls(tiny_model_dir, compress):
+    from flowrl.policies import LoraOptions, TinyFlowPolicy
+    from tests.methods.counting import counted_rollout
+
+    policy = TinyFlowPolicy(tiny_model_dir, lora=LoraOptions(rank=4, alpha=8)).load()
+    options = dict(num_steps=6, sde_window=2, window_range=[0, 2], guidance_scale=2.0, seed=3)
+    batch = {"prompts": ["red 1 and blue 2", "green 3 and red 4"], "group_ids": torch.tensor([0, 1]),
+             "seeds": torch.tensor([7, 8])}
+    plain, plain_calls = counted_rollout(FlowGRPO(policy, **options), batch)  # no option
+    method = FlowGRPO(policy, tail_compress=compress, **options)
+    rollout, calls = counted_rollout(method, batch)
+    if compress == 1.0:  # the grid's own steps: the rollout as without the option, bit for bit
+        assert torch.equal(rollout.latents, plain.latents) and calls == plain_calls == 6
+        assert method.rollout_cost() == (1, 6)
+        return
+    # window [0, 2), L = 1: int(5 x 0.6) = 3 points [2, 4, 6] after it, so the model at steps 0, 1, 2, 4
+    assert calls == 4 and rollout.nfe.tolist() == [4, 4] and method.rollout_cost() == (1, 4)
+    assert torch.equal(rollout.latents[:, :3], plain.latents[:, :3])  # the noise and the window's 2 SDE steps
+    assert torch.equal(rollout.log_probs, plain.log_probs) and torch.equal(rollout.train_mask, plain.train_mask)
+    assert rollout.latents.shape == plain.latents.shape and rollout.log_probs[:, :2].ne(0).all()
+    sigmas, rows = rollout.sigmas[0], torch.arange(2)
+    velocity = method.generation.velocity_fn(method.policy.encode(batch["prompts"]), rows)
+    with torch.no_grad():  # Euler on the sub-grid [2, 4, 6], the skipped states on its path
+        z2 = rollout.latents[:, 2]
+        z4 = z2 + (sigmas[4] - sigmas[2]) * velocity(z2, sigmas[2].expand(2), rows)
+        z6 = z4 + (sigmas[6] - sigmas[4]) * velocity(z4, sigmas[4].expand(2), rows)
+    torch.testing.assert_close(rollout.latents[:, 4], z4, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rollout.latents[:, 6], z6, rtol=1e-5, atol=1e-6)
+    weight = (sigmas[3] - sigmas[2]) / (sigmas[4] - sigmas[2])
+    torch.testing.assert_close(rollout.latents[:, 3], z2 + weight * (z4 - z2), rtol=1e-5, atol=1e-6)
+
+
+def test_a_compressed_tail_is_refused_where_completions_start_at_every_state():
+    from flowrl.methods import DenseGRPO
+    problems = option_problems(DenseGRPO, policy=POLICY, num_steps=10, sde_window=2, tail_compress=0.4)
+    assert any("model.tail_compress=0.4 skips states whose completions DenseGRPO scores" in p for p in problems)

@@ -87,10 +87,11 @@ METHODS = {
     "g2rpo": ("flowrl.methods.G2RPO", {"branches": 2}),
     "diffusion_nft": ("flowrl.methods.DiffusionNFT", {}),
     "tdm_r1": ("flowrl.methods.TDMR1", {"num_steps": 2, "num_train_steps": 1}),
-    # Flow-GRPO's step-credit options: MixGRPO's window (with MixGRPO-Flash's solver after it on a flow model),
-    # GCPO's chunks, Flash-GRPO's one step per group
+    # Flow-GRPO's step-credit options: MixGRPO's window (with MixGRPO-Flash's solver after it on a flow model, on
+    # its compressed tail: after the window [0, 1) of 3 steps, 1 step for 2), GCPO's chunks, Flash-GRPO's one step
+    # per group
     "mix_grpo": ("flowrl.methods.FlowGRPO", {"sde_window": 1, "window_shift_every": 1,
-                                             "ode_solver_after_window": "dpmsolver++"}),
+                                             "ode_solver_after_window": "dpmsolver++", "tail_compress": 0.4}),
     "gcpo": ("flowrl.methods.FlowGRPO", {"loss": "chunk_gspo", "loss_options": {"chunks": [1, 2]},
                                          "train_chunks": 0.5, "timestep_fraction": 1.0}),
     "flash_grpo": ("flowrl.methods.FlowGRPO", {"flash_pool": [0, 1], "flash_noise": True, "rectify": "batch",
