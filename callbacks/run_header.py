@@ -19,7 +19,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
-from flowrl.callbacks.run_summary import log_lines
+from flowrl.callbacks.run_summary import RunSummary, log_lines
 
 
 def model_label(path: str) -> str:
@@ -162,6 +162,9 @@ class RunHeader(Callback):
         if val:
             every = trainer.val_check_interval
             when = f"every {every} batches" if isinstance(every, int) else "each epoch"
+            if trainer.limit_val_batches == 0:  # the loop never validates: only RunSummary's before and after remain
+                summary = any(isinstance(cb, RunSummary) and cb.evaluate for cb in trainer.callbacks)
+                when = "before the first batch and after the last" if summary else "never (limit_val_batches 0)"
             ode = getattr(pl_module, "eval_num_steps", None)
             seeds = getattr(data, "val_samples_per_prompt", 1)
             length += (f"; validation on {len(val)} prompt{'s' if len(val) > 1 else ''} x {seeds} seed"

@@ -61,6 +61,12 @@ class DenseGRPO(FlowGRPO):
         self.calibration = calibration
         self.calibrated = False
 
+    @classmethod
+    def inapplicable_options(cls) -> tuple[str, ...]:
+        """PODS's ``downsample_to`` (credit per step), and ``tail_compress``: its completions start at every state, so
+        none may be skipped."""
+        return super().inapplicable_options() + ("tail_compress",)
+
     @cached_property
     def noise_factors(self) -> Tensor:
         """``[T]`` each step's noise scale per unit of ``noise_level`` on the policy's schedule (read on first use:
