@@ -48,6 +48,7 @@ from flowrl.cli.log_versions import launched_as_rank_zero, link_latest, log_root
 from flowrl.cli.machine_checks import free_memory, rollout_memory_problems
 from flowrl.cli.method_switch import method_switch
 from flowrl.cli.option_names import unknown_options
+from flowrl.cli.parsed_config import ParsedConfigParser
 from flowrl.cli.predict import DESCRIPTION as PREDICT_DESCRIPTION
 from flowrl.cli.process_group import end_process_group_at_exit
 from flowrl.cli.rendezvous import rendezvous_notice
@@ -91,7 +92,7 @@ class FlowRLCLI(LightningCLI):
         given = sys.argv[1:] if kwargs.get("args") is None else kwargs["args"]
         #: the LightningCLI subcommand the command line names first (None: none, as for the top-level --help)
         self.chosen = given[0] if isinstance(given, (list, tuple)) and given[:1] and given[0] in LIGHTNING else None
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, parser_class=ParsedConfigParser, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
         """LightningCLI's subcommands whose parsers are built: only the one this command runs, when it names one
@@ -100,6 +101,8 @@ class FlowRLCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config
+        # parsed and validated: their dumps (the hyperparameters, config.yaml) need not validate them again
+        self.parser.validated, self._parser(self.subcommand).validated = self.config, config
         self.config_problems = list(self.command_line_problems)
         if self.subcommand == "predict":
             self.config_problems += predict_problems(config)

@@ -176,8 +176,8 @@ def test_cli_fit_averages_the_lora_weights(tiny_model_dir, tmp_path):
 def test_cli_resume_continues_the_average_exactly(tiny_model_dir, tmp_path):
     ema = ["--trainer.callbacks+=flowrl.callbacks.EMA", *CKPT_EVERY, "--trainer.callbacks.every_n_train_steps=2"]
     main(fit_args(tiny_model_dir, tmp_path / "straight", "--trainer.max_steps=4", *ema))
-    main(fit_args(tiny_model_dir, tmp_path / "first", "--trainer.max_steps=2", *ema))
-    saved = next(Path(tmp_path / "first").rglob("*step=2.ckpt"))
+    # the straight run's own step-2 checkpoint: the one a run stopped at step 2 writes (the batch ends both)
+    saved = next(Path(tmp_path / "straight").rglob("*step=2.ckpt"))
     main(fit_args(tiny_model_dir, tmp_path / "resumed", "--trainer.max_steps=4", *ema, f"--ckpt_path={saved}"))
     _, straight = ema_state(next(Path(tmp_path / "straight").rglob("*step=4.ckpt")))
     _, resumed = ema_state(next(Path(tmp_path / "resumed").rglob("*step=4.ckpt")))
