@@ -41,7 +41,7 @@ def test_every_published_beta_states_its_kl_convention():
 def test_quickstart_runs_one_step_and_prints_the_summary(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     main(["fit", "--config", "configs/quickstart.yaml", "--trainer.max_steps=2", "--trainer.logger=false",
-          f"--trainer.default_root_dir={tmp_path}", "--data.num_groups=2", "--data.group_size=2", "--model.init_args.downsample_to=null",
+          f"--trainer.default_root_dir={tmp_path}", "--data.num_groups=2", "--data.group_size=2",
           "--data.val_prompts=[red 3 and blue 7]", "--trainer.enable_progress_bar=false"])
     out = capsys.readouterr()
     assert "flowrl run summary" in out.out + out.err
