@@ -56,10 +56,10 @@ def group_size_problems(downsample_to: Optional[int], group_size: int) -> list[s
 def downsampled(batch: Batch, m: int, groups: Callable[[Batch], Any], hooks: Callable[[Batch], Batch]) -> Batch:
     """``hooks`` (the loop's credit) run on ``batch`` with only the max-variance ``m`` valid rows of each group
     (``groups(batch)``: the advantage's group ids) counted as valid; the others train no pair. Logs
-    ``downsampled_rows``: the rows kept of the gathered batch."""
+    ``kept_rows``: the rows kept of the gathered batch."""
     valid = batch.valid
     kept = valid.clone()
     kept[valid] = adv_lib.max_variance_subset(batch.total[valid], groups(batch)[valid], m)
     credited = hooks(dataclasses.replace(batch, valid=kept))
     return dataclasses.replace(credited, valid=valid, trained=credited.trained & kept[:, None],
-                               diagnostics={**credited.diagnostics, "downsampled_rows": float(kept.sum())})
+                               diagnostics={**credited.diagnostics, "kept_rows": float(kept.sum())})

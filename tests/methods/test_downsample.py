@@ -46,7 +46,7 @@ def test_the_hooks_credit_each_groups_max_variance_rows_with_the_estimators_adva
     kept = torch.tensor([True, False, False, True, False, False, True, True])  # {0, 10}; of {0.3, 0.5, 0.1}: {0.5, 0.1}
     assert torch.equal(credit.trained, kept[:, None].expand(-1, 3))
     assert torch.equal(credit.valid, valid)  # the reward of every row is still logged
-    assert credit.diagnostics["downsampled_rows"] == 4.0
+    assert credit.diagnostics["kept_rows"] == 4.0
     alone = adv_lib.compute("grpo@flow_grpo", credit.step_rewards[kept], torch.ones(4, 3, dtype=torch.bool),
                             groups[kept])  # the batch std too is the kept rows'
     assert torch.equal(credit.advantages[kept], alone) and not credit.advantages[~kept].any()
@@ -104,4 +104,4 @@ def test_a_fit_runs_the_training_pass_of_exactly_the_kept_rows(tiny_model_dir, t
     rows = list(csv.DictReader(open(next(Path(tmp_path).rglob("metrics.csv")))))
     logged = {k: float(v) for row in rows for k, v in row.items() if v}
     # 4 of 8 rows x 2 trained steps x a CFG pair x 2 passes (check_ratio's, the update's), per sample of the batch
-    assert logged["train/forward_passes"] == 4 * 2 * 2 * 2 / 8 and logged["train/downsampled_rows"] == 4.0
+    assert logged["train/forward_passes"] == 4 * 2 * 2 * 2 / 8 and logged["train/kept_rows"] == 4.0
