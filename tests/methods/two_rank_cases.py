@@ -59,10 +59,12 @@ def step_credit(*options: str):
     return make
 
 
-# the random window over [0, 3) of 4 steps; Flash's draw over 3 steps with the batch-mean weight (gathered); GCPO half
+# the random window over [0, 3) of 5 steps, the ODE after it compressed (MixGRPO-Flash at 0.4: 1 step for the 3 or 2
+# after a window ending at step 1 or 2); Flash's draw over 3 steps with the batch-mean weight (gathered); GCPO half
 # of the chunks [1, 2] per sample, weighted by the latents' relative-L1 change (each rank's own latents)
-MIX_GRPO = step_credit("--model.init_args.num_steps=4", "--model.init_args.sde_window=2",
-                       "--model.init_args.window_strategy=random", "--model.init_args.window_range=[0, 3]")
+MIX_GRPO = step_credit("--model.init_args.num_steps=5", "--model.init_args.sde_window=2",
+                       "--model.init_args.window_strategy=random", "--model.init_args.window_range=[0, 3]",
+                       "--model.init_args.tail_compress=0.4")
 FLASH_GRPO = step_credit("--model.init_args.flash_pool=[0, 1, 2]", "--model.init_args.flash_noise=true",
                          "--model.init_args.rectify=batch")
 GCPO = step_credit("--model.init_args.loss=chunk_gspo", "--model.init_args.loss_options={chunks: [1, 2]}",
