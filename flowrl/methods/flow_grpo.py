@@ -40,7 +40,7 @@ from flowrl.methods.option_surface import at_least
 from flowrl.methods.policy_gradient import PolicyGradient
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.policies.multistep_solvers import MULTISTEP_SOLVERS, multistep_solver
-from flowrl.sampling.coarse_tail import coarse_grid
+from flowrl.sampling.coarse_tail import coarse_grid, last_stochastic_step
 from flowrl.sampling.flash import WEIGHT_SCOPES, flash_noise_levels, group_steps, one_step_mask, rectification
 from flowrl.sampling.flash import rectified_weights
 from flowrl.sampling.multistep import MultistepTail
@@ -148,7 +148,7 @@ class FlowGRPO(PolicyGradient):
     def ode_tail(self, sde_mask: Tensor, sigmas: Tensor) -> Optional[MultistepTail]:
         if self.ode_solver_after_window is None:
             return None
-        after = int(sde_mask.reshape(-1, sde_mask.shape[-1]).any(0).nonzero().max()) + 1  # after every row's window
+        after = last_stochastic_step(sde_mask) + 1  # after every row's window
         return MultistepTail(multistep_solver(self.ode_solver_after_window), sigmas, after)
 
     def rollout_grid(self, sde_mask: Tensor) -> Optional[Tensor]:

@@ -54,6 +54,17 @@ def tail_indices(num_steps: int, last: int, ratio: float) -> list[int]:
     return [last + 1 + (2 * j * span + points - 1) // (2 * (points - 1)) for j in range(points)]
 
 
+def last_stochastic_step(sde_mask: Tensor) -> Optional[int]:
+    """The last step that is stochastic for some row of ``sde_mask [T]`` or ``[B, T]`` (None: none is).
+
+    >>> last_stochastic_step(torch.tensor([[True, False, False], [False, True, False]])), last_stochastic_step(
+    ...     torch.zeros(3, dtype=torch.bool))
+    (1, None)
+    """
+    stochastic = sde_mask.reshape(-1, sde_mask.shape[-1]).any(0).nonzero()
+    return int(stochastic.max()) if len(stochastic) else None
+
+
 def coarse_grid(sde_mask: Tensor, ratio: float) -> Optional[Tensor]:
     """The full grid's indices ``[n + 1]`` (long) a rollout with the stochastic steps ``sde_mask [T]`` (or
     ``[B, T]``: after every row's last) computes: every index up to the step after the last stochastic one, then
@@ -64,11 +75,9 @@ def coarse_grid(sde_mask: Tensor, ratio: float) -> Optional[Tensor]:
     >>> coarse_grid(torch.tensor([True, True, False, False, False, False]), 1.0) is None
     True
     """
-    num_steps = sde_mask.shape[-1]
-    stochastic = sde_mask.reshape(-1, num_steps).any(0).nonzero()
-    if ratio >= 1 or not len(stochastic):
+    num_steps, last = sde_mask.shape[-1], last_stochastic_step(sde_mask)
+    if ratio >= 1 or last is None:
         return None
-    last = int(stochastic.max())
     tail = tail_indices(num_steps, last, ratio)
     if len(tail) == num_steps - last:
         return None
