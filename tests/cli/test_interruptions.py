@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch import Callback
 
 from flowrl.cli import main
+from flowrl.methods.validation import Validation
 from tests.cli.test_fit import fit_args, load_steps
 from tests.sigterm import terminate, wait_for
 
@@ -59,34 +60,34 @@ def test_sigterm_says_it_stops_saves_a_checkpoint_that_resumes_prints_the_summar
         assert torch.equal(straight[key]["advantages"], resumed[key]["advantages"]), key
 
 
-class MarkTrainStart(Callback):
-    """Writes ``marker`` when training starts, just before the run summary's validation (the next callback)."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
+class SigtermAtTrainStart(Callback):
+    """Sends this process a SIGTERM when training starts, just before the run summary's validation (the next
+    callback): the handlers a launched run installs are the same in pytest's process (the launched stop and its exit
+    status 143 are the test above)."""
 
     def on_train_start(self, trainer, pl_module):
-        Path(self.marker).write_text("the validation before training starts now")
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
-def test_sigterm_during_the_validation_before_training_stops_at_its_next_batch(tiny_model_dir, tmp_path):
-    marker = tmp_path / "validating"
-    prompts = [f"red {i % 10} and blue {(i + 3) % 10}" for i in range(256)]  # 256 batches of one: far longer than
-    # a signal takes to arrive
-    args = fit_args(tiny_model_dir, tmp_path / "run", f"--trainer.callbacks+={__name__}.MarkTrainStart",
-                    f"--trainer.callbacks.marker={marker}", "--trainer.callbacks+=flowrl.callbacks.RunSummary",
-                    f"--data.val_prompts={prompts}", "--data.val_batch_size=1", "--data.val_samples_per_prompt=1")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(proc, marker.exists, "validation never began")
-    out = terminate(proc)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+def test_sigterm_during_the_validation_before_training_stops_at_its_next_batch(tiny_model_dir, tmp_path, capfd,
+                                                                               monkeypatch):
+    prompts = [f"red {i % 10} and blue {(i + 3) % 10}" for i in range(256)]  # 256 batches of one
+    args = fit_args(tiny_model_dir, tmp_path / "run", f"--trainer.callbacks+={__name__}.SigtermAtTrainStart",
+                    "--trainer.callbacks+=flowrl.callbacks.RunSummary", f"--data.val_prompts={prompts}",
+                    "--data.val_batch_size=1", "--data.val_samples_per_prompt=1")
+    tally, tallied = Validation._tally, []
+    monkeypatch.setattr(Validation, "_tally", lambda self, batch: tallied.append(1) or tally(self, batch))
+    with pytest.raises(SystemExit) as stopped:
+        main(args)
+    out = capfd.readouterr().out
+    assert len(tallied) == 1  # the signal came before the first batch: that batch, then the stop
+    assert stopped.value.code == 128 + signal.SIGTERM, out[-3000:]
     assert out.count("flowrl: SIGTERM received: stopping after the current batch (at global step 0 now), then "
                      "saving no checkpoint (nothing is trained yet)") == 1, out[-3000:]
     assert "flowrl run summary (stopped by SIGTERM at global step 0" in out, out[-3000:]
     assert "at the start (not evaluated at the stop)" not in out  # the validation did not run to its end
     assert not list((tmp_path / "run" / "dump").glob("step*.pt"))  # and no training batch followed it
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # this process's own handler is back
 
 
 def test_a_run_that_fails_gives_back_the_sigterm_handler(tiny_model_dir, tmp_path):

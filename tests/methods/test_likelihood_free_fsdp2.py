@@ -1,6 +1,7 @@
 """TDM-R1 under FSDP2 (2 CPU processes, ``--trainer.strategy=fsdp2``): a resume from the sharded checkpoint folder
-equals an uninterrupted run, every adapter's weights and every adapter's optimizer state included, and ``python -m
-flowrl export`` writes the generator's LoRA from such a folder for the plain diffusers pipeline. The 2-process
+equals an uninterrupted run, every adapter's weights, every adapter's optimizer state and the generator's EMA (its
+shards swapped in and out by a validation on every rank) included, and ``python -m flowrl export`` writes the
+generator's LoRA from such a folder for the plain diffusers pipeline. The 2-process
 runs equal to 1-process runs, of every method under DDP and FSDP2, are in ``test_two_ranks_equal_one.py``."""
 
 from pathlib import Path
@@ -20,11 +21,13 @@ EXPORT = ("flowrl.methods.TDMR1", "    num_train_steps: 2\n    time_shift: 3.0\n
 
 def two_process_fits(folder: Path, models: dict[str, str]) -> tuple[list[list[str]], list[list[str]]]:
     """TDM-R1 under FSDP2 straight for 4 steps with a checkpoint every 2, and resumed from its step 2 to 4 (2
-    batches an epoch, one step each: step 2 ends epoch 0); a one-step fit on the tiny SD3 pipeline to export. No
-    1-process fit (``tests/two_process_group.py``)."""
+    batches an epoch, one step each: step 2 ends epoch 0), validating after every 2 batches (one prompt per rank) with
+    the config's EMA of the generator; a one-step fit on the tiny SD3 pipeline to export. No 1-process fit
+    (``tests/two_process_group.py``)."""
     def args(out: Path, *extra: str) -> list[str]:
         return shrunk("tiny_tdm_r1.yaml", out, *FSDP2, "--model.init_args.generator_init=null", *CHECKPOINTS,
-                      f"--trainer.callbacks.dirpath={out}/ckpt", *extra, model_dir=models["tiny"])
+                      f"--trainer.callbacks.dirpath={out}/ckpt", "--trainer.val_check_interval=2", *extra,
+                      model_dir=models["tiny"])
 
     (folder / "export").mkdir(parents=True, exist_ok=True)
     return [], [args(folder / "straight", "--trainer.max_steps=4"),
@@ -53,6 +56,12 @@ def test_tdm_r1_resumes_exactly_from_a_sharded_checkpoint(two_process_fits):
         assert a[name]["state"] and a[name]["state"].keys() == b[name]["state"].keys()
         for k, state in a[name]["state"].items():
             assert all(torch.equal(v, b[name]["state"][k][s]) for s, v in state.items()), (name, k)
+    (ema_a, ema_b) = ([s for key, s in c["callbacks"].items() if key.startswith("EMA")] for c in (a, b))
+    assert len(ema_a) == len(ema_b) == 1 and ema_a[0]["num_updates"] == ema_b[0]["num_updates"] == 4  # resumed
+    ema_a, ema_b = ema_a[0]["shadow"], ema_b[0]["shadow"]
+    assert ema_a and all(".default." in k for k in ema_a)  # the generator's adapter alone (the config's adapter)
+    assert all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)  # gathered from both ranks' shards
+    assert any(not torch.equal(ema_a[k], a["state_dict"][k]) for k in ema_a)  # an average, not the weights
 
 
 @GROUP
