@@ -1,9 +1,6 @@
 """Bad settings fail before any weight loads, with one message that names the key and the fix: numbers that make
 training NaN or meaningless, a batch that cannot be split as asked, a model or checkpoint that cannot load."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -68,18 +65,24 @@ def test_empty_or_truncated_checkpoint_is_named(tmp_path, tiny_model_dir):
     assert "does not exist" in fails(f"--ckpt_path={tmp_path / 'none.ckpt'}", model=tiny_model_dir)
 
 
-def test_an_unreachable_hub_model_is_named_at_once(tmp_path):
-    # a process of its own: huggingface_hub reads HF_ENDPOINT when it is imported; nothing listens there, so the one
-    # quick request is refused at once
-    env = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
-    proc = subprocess.run([sys.executable, "-m", "flowrl", "fit", "--config", CONFIG,
-                           "--model.init_args.policy.init_args.model=someorg/no-such-model"], cwd=ROOT,
-                          env={**os.environ, "HF_HOME": str(tmp_path), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-                               **env}, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "model.init_args.policy.init_args.model='someorg/no-such-model'" in proc.stderr
-    assert "did not give this model" in proc.stderr and "hf download someorg/no-such-model" in proc.stderr
-    assert "Retrying in" not in proc.stderr  # the build after the check reads the cache alone: no backoff waited for
+def test_an_unreachable_hub_model_is_named_at_once(tmp_path, monkeypatch, capfd, caplog):
+    # in this process: huggingface_hub reads HF_ENDPOINT when it is imported, into its constants and the client its
+    # model_info calls, so setting both is what the variable does; nothing listens there, so the one quick request
+    # is refused at once; an empty cache of the test's own
+    from huggingface_hub import constants, hf_api
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(hf_api.api, "endpoint", endpoint)
+    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = fails(model="someorg/no-such-model")
+    assert f"model.init_args.policy.init_args.model='someorg/no-such-model': the hub ({endpoint})" in out
+    assert "did not give this model" in out and "hf download someorg/no-such-model" in out
+    assert "refused" in out  # the request went to the port nothing listens on
+    # the build after the check reads the cache alone: no backoff waited for (huggingface_hub logs its retries)
+    assert "Retrying in" not in capfd.readouterr().err + caplog.text
 
 
 def test_a_hub_model_outside_the_cache_under_hf_hub_offline_is_named_at_once(tmp_path, monkeypatch):
