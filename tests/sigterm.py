@@ -1,11 +1,15 @@
-"""A real process stopped by SIGTERM the way a scheduler stops it: wait for a state it reaches, signal, collect."""
+"""A process stopped by SIGTERM the way a scheduler stops it: wait for a state it reaches, signal, collect; a launched
+one, or pytest's own (a command run in it, signalled from a thread at a moment the command does not choose)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import threading
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import pytest
 
@@ -26,3 +30,28 @@ def terminate(proc: subprocess.Popen, what: str = "the run", within: float = 120
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail(f"{what} did not stop within {within:g} s of SIGTERM")
+
+
+@contextmanager
+def sigterm_when(ready: Callable[[], bool], timeout: float = 300) -> Iterator[None]:
+    """Within it, a thread polls ``ready()`` and sends this process SIGTERM once it holds (the handler runs in the
+    main thread, where the command runs); fails if ``ready()`` never held while the block ran."""
+    done, sent = threading.Event(), []
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout
+        while not done.is_set() and time.monotonic() < deadline:
+            if ready():
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+    assert sent, "the state to signal at was never reached"

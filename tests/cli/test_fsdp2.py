@@ -2,9 +2,9 @@
 resumed under FSDP2, the dense-reward methods' ODE completions on sharded weights, and 2 "nodes" x 1 process on
 localhost. Each 2-process run is a real subprocess with a timeout (the resume's fit runs in the suite's one process
 group of them: tests/two_process_group.py). An exact resume from a sharded checkpoint, the EMA's shards included:
-tests/methods/test_likelihood_free_fsdp2.py. The same advantages, gradient norms and weights as a 1-process run for every method
-(LoRA, and full fine-tuning with a sharded KL reference and clipping), each rank holding a shard of the denoiser:
-tests/methods/test_two_ranks_equal_one.py."""
+tests/methods/test_likelihood_free_fsdp2.py. The same advantages, gradient norms and weights as a 1-process run for
+every method (LoRA, and full fine-tuning with a sharded KL reference and clipping), each rank holding a shard of the
+denoiser: tests/methods/test_two_ranks_equal_one.py."""
 
 from pathlib import Path
 

@@ -14,7 +14,7 @@ import flowrl.evaluation.models as models
 from flowrl.cli import main
 from tests.evaluation.conftest import ROOT, SEEDS, STEPS
 from tests.evaluation.test_command import fake_run
-from tests.sigterm import terminate, wait_for
+from tests.sigterm import sigterm_when, terminate, wait_for
 
 # one xdist worker runs this file (pytest's --dist loadgroup): the session's brightness fit and evaluation
 # (tests/evaluation/conftest.py) is built once, not once per worker
@@ -37,31 +37,54 @@ def test_more_processes_than_batches_is_refused_before_any_weight_loads(tmp_path
     assert not (tmp_path / "out").exists()
 
 
-# 2: DDP, where a first version broke the process group; slow: a SIGTERM in evaluate is covered by "1", evaluate
-# on 2 DDP processes by tests/evaluation/test_ddp.py
-@pytest.mark.parametrize("devices", ["1", pytest.param("2", marks=pytest.mark.slow)])
-def test_sigterm_stops_after_the_batch_exits_143_and_leaves_no_stale_report(devices, untrained_lora, suite16,
-                                                                            tmp_path):
-    out = tmp_path / "report"
+def report_args(untrained_lora, suite16, out, devices: str) -> list[str]:
+    """``evaluate`` of 16 batches of one prompt into ``out``, which holds an earlier evaluation's report (naming
+    another checkpoint)."""
     out.mkdir()
-    for name in OLD_REPORT:  # an earlier evaluation's report, naming another checkpoint
+    for name in OLD_REPORT:
         (out / name).write_text("an earlier evaluation of another checkpoint")
-    args = ["evaluate", "--config", "tests/evaluation/fit_brightness.yaml",
-            "--ckpt_path", f"untrained={untrained_lora}",
-            "--suite", str(suite16), "--seeds", *map(str, SEEDS), "--num_steps", str(STEPS), "--batch_size", "2",
-            "--out", str(out), "--resamples", "100", "--accelerator", "cpu",
-            "--devices", devices]  # 16 batches of one prompt
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    drawn = out / "images" / "untrained"  # the last model of each batch: its first image ends the first batch
-    wait_for(proc, lambda: drawn.is_dir() and any(drawn.iterdir()), "no image drawn")
-    said = terminate(proc, "evaluate")
-    assert proc.returncode == 128 + signal.SIGTERM, said[-3000:]
+    return ["evaluate", "--config", "tests/evaluation/fit_brightness.yaml",
+            "--ckpt_path", f"untrained={untrained_lora}", "--suite", str(suite16), "--seeds", *map(str, SEEDS), "--num_steps", str(STEPS), "--batch_size", "2",
+            "--out", str(out), "--resamples", "100", "--accelerator", "cpu", "--devices", devices]
+
+
+def assert_stopped_without_a_report(said: str, out) -> None:
+    """What a SIGTERM after the first batch leaves: one notice, no report (the earlier one removed, each said),
+    ``INCOMPLETE``, and fewer images than every batch draws."""
     assert said.count("flowrl evaluate: SIGTERM received: stopping after the current batch") == 1, said[-3000:]
     assert f"flowrl evaluate: stopped by SIGTERM; {out} has no report" in said
     for name in OLD_REPORT:
         assert not (out / name).exists(), name
         assert f"flowrl evaluate: removed {out / name} (an earlier evaluation's" in said
     assert "has not finished" in (out / "INCOMPLETE").read_text()
-    assert len(list(drawn.iterdir())) < 16 * len(SEEDS)  # it stopped: not every batch was drawn
+    assert len(list((out / "images" / "untrained").iterdir())) < 16 * len(SEEDS)  # not every batch was drawn
+
+
+def test_sigterm_stops_after_the_batch_exits_143_and_leaves_no_stale_report(untrained_lora, suite16, tmp_path, capfd,
+                                                                            monkeypatch):
+    # in this process: the signal comes from a thread, at a moment the command does not choose, as from a scheduler
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "report"
+    args = report_args(untrained_lora, suite16, out, "1")
+    drawn = out / "images" / "untrained"  # the last model of each batch: its first image ends the first batch
+    with sigterm_when(lambda: drawn.is_dir() and any(drawn.iterdir())), pytest.raises(SystemExit) as stopped:
+        main(args)
+    said = capfd.readouterr().out
+    assert stopped.value.code == 128 + signal.SIGTERM, said[-3000:]
+    assert_stopped_without_a_report(said, out)
+
+
+# slow: DDP, where a first version broke the process group; a SIGTERM in evaluate is covered above, evaluate on 2 DDP
+# processes by tests/evaluation/test_ddp.py
+@pytest.mark.slow
+def test_sigterm_stops_both_ddp_processes_of_a_launched_evaluate(untrained_lora, suite16, tmp_path):
+    out = tmp_path / "report"
+    args = report_args(untrained_lora, suite16, out, "2")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "flowrl", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    drawn = out / "images" / "untrained"
+    wait_for(proc, lambda: drawn.is_dir() and any(drawn.iterdir()), "no image drawn")
+    said = terminate(proc, "evaluate")
+    assert proc.returncode == 128 + signal.SIGTERM, said[-3000:]
+    assert_stopped_without_a_report(said, out)
