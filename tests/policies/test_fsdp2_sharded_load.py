@@ -83,7 +83,9 @@ def free_port() -> int:
 
 @pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["lora", "full"])
 def test_each_rank_holds_exactly_its_slices_read_from_the_file_by_itself(tiny_model_dir, tmp_path, full):
-    torch.multiprocessing.spawn(load_on_rank, args=(tiny_model_dir, free_port(), full, str(tmp_path)), nprocs=2)
+    # forked, not spawned: each rank starts with the imports this process made (a spawned rank pays ~10 CPU-s of them)
+    torch.multiprocessing.start_processes(load_on_rank, args=(tiny_model_dir, free_port(), full, str(tmp_path)),
+                                          nprocs=2, start_method="fork")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [r["calls"] for r in ranks] == [[], []]  # no rank loaded the whole denoiser
     for rank, r in enumerate(ranks):
