@@ -1,8 +1,8 @@
 """Every shipped tiny config runs on 2 DDP processes (the default run: tiny_flow_grpo, as 2 nodes x 1 process on
 localhost) to the end, and prints the validation and training numbers of a 1-process run: the sample grids and the
 run summary take part in every collective, the validation mean is reduced over the ranks, and the minibatches are
-drawn over the whole batch. Each run is a real ``python -m flowrl fit`` subprocess with a timeout, so a hang fails
-instead of stalling."""
+drawn over the whole batch. Each run is a process of its own with a timeout, so a hang fails instead of stalling:
+a launched ``python -m flowrl fit``, or a node forked from pytest's process (``tests/forked_command.py``)."""
 
 import csv
 import math
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.cli import main
+from tests.forked_command import ForkedCommand
 from tests.rewards.server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,11 +76,15 @@ def summary(proc: subprocess.Popen) -> dict[str, str]:
     return numbers(finish(proc))
 
 
-def two_nodes(config: str, out: Path, strategy: str) -> list[subprocess.Popen]:
-    """Two nodes of one process each on localhost, from the cluster variables a SLURM or torchrun launch sets."""
+def two_nodes(config: str, out: Path, strategy: str) -> list[ForkedCommand]:
+    """Two nodes of one process each on localhost, from the cluster variables a SLURM or torchrun launch sets: each
+    a fork of this process (``tests/forked_command.py``), its output in ``out/node<rank>.log``."""
     port = str(free_port())
-    return [fit(config, out, "--trainer.num_nodes=2", "--trainer.devices=1", f"--trainer.strategy={strategy}",
-                env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank), "WORLD_SIZE": "2"})
+    out.mkdir(parents=True, exist_ok=True)
+    return [ForkedCommand(args(config, out, "--trainer.num_nodes=2", "--trainer.devices=1",
+                               f"--trainer.strategy={strategy}"),
+                          {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(rank), "WORLD_SIZE": "2"},
+                          out / f"node{rank}.log")
             for rank in (0, 1)]
 
 
