@@ -44,8 +44,9 @@ def report_args(untrained_lora, suite16, out, devices: str) -> list[str]:
     for name in OLD_REPORT:
         (out / name).write_text("an earlier evaluation of another checkpoint")
     return ["evaluate", "--config", "tests/evaluation/fit_brightness.yaml",
-            "--ckpt_path", f"untrained={untrained_lora}", "--suite", str(suite16), "--seeds", *map(str, SEEDS), "--num_steps", str(STEPS), "--batch_size", "2",
-            "--out", str(out), "--resamples", "100", "--accelerator", "cpu", "--devices", devices]
+            "--ckpt_path", f"untrained={untrained_lora}", "--suite", str(suite16), "--seeds", *map(str, SEEDS),
+            "--num_steps", str(STEPS), "--batch_size", "2", "--out", str(out), "--resamples", "100",
+            "--accelerator", "cpu", "--devices", devices]
 
 
 def assert_stopped_without_a_report(said: str, out) -> None:
