@@ -1,8 +1,8 @@
 """TDM-R1 under FSDP2 (2 CPU processes, ``--trainer.strategy=fsdp2``): a resume from the sharded checkpoint folder
 equals an uninterrupted run, every adapter's weights, every adapter's optimizer state and the generator's EMA (its
 shards swapped in and out by a validation on every rank) included, and ``python -m flowrl export`` writes the
-generator's LoRA from such a folder for the plain diffusers pipeline. The 2-process
-runs equal to 1-process runs, of every method under DDP and FSDP2, are in ``test_two_ranks_equal_one.py``."""
+generator's LoRA from such a folder for the plain diffusers pipeline. The 2-process runs equal to 1-process runs, of
+every method under DDP and FSDP2, are in ``test_two_ranks_equal_one.py``."""
 
 from pathlib import Path
 
