@@ -127,7 +127,8 @@ def quickstart() -> str:
         ["the same, seed 1 / seed 2", f3(b[1:]), f3(a[1:]), " / ".join(share(x, y) for x, y in zip(b[1:], a[1:]))],
         ["the same, mean of seeds 0-2 (+- std)", pr.mean_std(b), f"**{pr.mean_std(a)}**",
          f"**{share(statistics.fmean(b), statistics.fmean(a))}**"],
-        ["training reward (6-step samples of the training prompts, first / last eighth, mean of seeds 0-2)",
+        ["training reward (the training rollouts' samples of the training prompts, first / last eighth, mean of "
+         "seeds 0-2)",
          f3([first]), f3([last]), share(first, last)],
         earlier("the 5-minute settings on the CFG base before (`flowrl/tiny-digits`, CFG 4.5, the full ODE tail, "
                 "lr 6e-4)", cfg90),

@@ -28,7 +28,8 @@ def guided_gap(student: TinyFlowPolicy, teacher: TinyFlowPolicy, steps: int = 6)
         states, target = latents[:, :-1].transpose(0, 1).flatten(0, 1), torch.cat(guided)
         t = sigmas[:-1].repeat_interleave(len(PROMPTS))
         every = PROMPTS * steps
-        gap = [(p.velocity(states, t, p.encode(every), 1.0) - target).square().mean().item() for p in (student, teacher)]
+        gap = [(p.velocity(states, t, p.encode(every), 1.0) - target).square().mean().item()
+               for p in (student, teacher)]
     return gap[0], gap[1]
 
 
