@@ -23,7 +23,7 @@ import time
 from typing import Any, Optional
 
 import torch
-from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from flowrl import advantages as adv_lib
 from flowrl.checkpoints.atomic import use_atomic_saves
@@ -46,6 +46,7 @@ from flowrl.sampling.completions import Completions
 from flowrl.sampling.rollout import Rollout
 from flowrl.sampling.steps import ODE_STEPS
 from flowrl.strategies.fsdp2 import load_for_strategy
+from flowrl.training.lr_schedules import step_schedulers, with_schedulers
 from flowrl.training.nonfinite import NonfiniteSteps
 from flowrl.training.steps import TrainingSteps
 
@@ -67,6 +68,9 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
             as soon as they exist (a ``RemoteReward`` with ``overlap`` scores them while the next chunk samples);
             results do not depend on it. None: one chunk.
         optimizer: e.g. ``{class_path: torch.optim.AdamW, init_args: {lr: 3e-4}}``.
+        lr_scheduler: a torch scheduler of each optimizer, stepped once per training batch (a batch's minibatch
+            steps share its rate), e.g. ``{class_path: torch.optim.lr_scheduler.CosineAnnealingLR, init_args:
+            {T_max: 260}}`` to decay to 0 over 260 batches. None: a constant rate.
         max_grad_norm: clip the gradient norm to this before each optimizer step (None disables).
         max_nonfinite_steps: an optimizer step whose loss or gradient norm is NaN or inf (on any rank) is skipped
             and counted (``train/nonfinite_steps``); this many skipped in a row stop the run with an error naming
@@ -85,13 +89,14 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
                  guidance_scale: float = 4.5, advantage: str = "grpo@flow_grpo",
                  advantage_options: Optional[dict[str, Any]] = None, reward_aggregation: str = "sum",
                  sample_chunk_size: Optional[int] = None, optimizer: OptimizerCallable = torch.optim.AdamW,
+                 lr_scheduler: Optional[LRSchedulerCallable] = None,
                  max_grad_norm: Optional[float] = 1.0, max_nonfinite_steps: int = 3, max_untrained_batches: int = 3,
                  seed: int = 0):
         super().__init__()
         self.automatic_optimization = False
         self.policy = policy
         self.num_steps, self.eval_num_steps = num_steps, eval_num_steps
-        self.guidance_scale, self.optimizer_factory = guidance_scale, optimizer
+        self.guidance_scale, self.optimizer_factory, self.lr_scheduler = guidance_scale, optimizer, lr_scheduler
         self.advantage, self.advantage_options = advantage, advantage_options
         self.reward_aggregation, self.sample_chunk_size = reward_aggregation, sample_chunk_size
         self.max_grad_norm, self.seed = max_grad_norm, seed
@@ -146,6 +151,10 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
         return 1, self.num_steps
 
     def configure_optimizers(self):
+        return with_schedulers(self.build_optimizers(), self.lr_scheduler)
+
+    def build_optimizers(self) -> torch.optim.Optimizer | list[torch.optim.Optimizer]:
+        """The method's optimizers (one over every trained parameter; a method of several adapters, one each)."""
         return self.optimizer_factory(self.policy.trainable_parameters())
 
     def configure_model(self) -> None:
@@ -242,6 +251,7 @@ class BaseModule(Trajectories, metaclass=CheckedOnBuild):
         metrics["nonfinite_steps"] = float(self.nonfinite.skipped - skipped)
         metrics["untrained_batches"] = float(self.untrained.in_a_row)
         self.log_step(rollout, credited, {**credited.diagnostics, **metrics}, sampling_s, cond.guided)
+        step_schedulers(self.lr_schedulers())  # here, not in on_train_batch_end: a checkpoint saved there holds it
         mine = credited.rows
         return {"images": rollout.images, "prompts": rollout.prompts, "rewards": credited.total[mine],
                 "seeds": rollout.seeds, "group_ids": rollout.group_ids, "advantages": credited.advantages[mine],

@@ -140,7 +140,7 @@ class TDMR1(BaseModule):
                             "pytorch_lora_weights.safetensors (or the file), or null to start from the backbone")
         return problems
 
-    def configure_optimizers(self):
+    def build_optimizers(self):
         return adapter_optimizers(self.optimizer_factory, self.policy, list(ADAPTERS),
                                   self.adapter_optimizer_options or {})
 

@@ -21,6 +21,7 @@ class DumpOutputs(Callback):
         rows["devices"] = {"images": outputs["images"].device.type, "module": pl_module.device.type}
         if "rollout/evaluations" in trainer.callback_metrics:  # the batch's model calls, every rank's
             rows["evaluations"] = trainer.callback_metrics["rollout/evaluations"].cpu()
+        rows["lr"] = [group["lr"] for opt in trainer.optimizers for group in opt.param_groups]  # after the batch
         if "train/grad_norm" in trainer.callback_metrics:
             rows["grad_norm"] = trainer.callback_metrics["train/grad_norm"].cpu()
         torch.save(rows, self.out / f"step{trainer.fit_loop.total_batch_idx}_rank{trainer.global_rank}.pt")

@@ -87,6 +87,10 @@ RESUMED_OPTIONS = {
                  "--model.init_args.window_shift_every=1", "--model.init_args.window_range=[0, 3]"],
     "flash_grpo": ["--model.init_args.flash_pool=[0, 1, 2]", "--model.init_args.flash_noise=true",
                    "--model.init_args.rectify=batch"],
+    "lr_schedule": ["--model.init_args.lr_scheduler=torch.optim.lr_scheduler.LinearLR",
+                    "--model.init_args.lr_scheduler.init_args.start_factor=1.0",
+                    "--model.init_args.lr_scheduler.init_args.end_factor=0.25",
+                    "--model.init_args.lr_scheduler.init_args.total_iters=3"],
     "gcpo": ["--model.init_args.loss=chunk_gspo", "--model.init_args.loss_options={chunks: [1, 2]}",
              "--model.init_args.train_chunks=0.5", "--model.init_args.timestep_fraction=1.0"],
 }
@@ -121,6 +125,11 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path, method):
         for b in range(4):
             drawn = group_steps(straight[f"step{b}_rank0"]["group_ids"], [0, 1, 2], seed=3, iteration=b)
             assert all(c <= {int(d)} for c, d in zip(trained[f"step{b}_rank0"], drawn))
+    if method == "lr_schedule":  # once a batch from the config's 1e-2 to a quarter of it in 3, from batch 2 resumed
+        expected = [1e-2 * (1 - 0.75 * min(b, 3) / 3) for b in (1, 2, 3, 4)]  # the rate after batch b - 1
+        for b in range(4):
+            assert straight[f"step{b}_rank0"]["lr"] == pytest.approx([expected[b]]), b
+        assert resumed["step3_rank0"]["lr"] == straight["step3_rank0"]["lr"]
     if method == "step_gain":  # DenseGRPO's credit per step, not Flow-GRPO's one per trajectory
         assert not torch.equal(straight["step2_rank0"]["advantages"][:, 0], straight["step2_rank0"]["advantages"][:, 1])
     if method != "flow_grpo":

@@ -35,7 +35,7 @@ def checked(monkeypatch):
 # (method, the one option the first round's error names, as it names it (None: the switch runs as it is), whether
 # the quickstart sets options the method lacks)
 SWITCHES = [
-    ("DenseGRPO", None, None, False),
+    ("DenseGRPO", None, None, True),  # it refuses tail_compress (its completions start at every state)
     ("FlowGRPO", None, None, False),  # the config's own class
     ("DiffusionNFT", None, None, True),
     ("TPGRPO", "--model.init_args.window_size=6", "--model.init_args.window_size=6", True),
@@ -43,7 +43,7 @@ SWITCHES = [
     ("G2RPO", "--data.group_size=72", "use 72, 144", True),  # 12 members x 3 of 6 steps x 2 granularities
     ("TreeRPO", "--data.group_size=16", "use 16, 32", True),
     ("BranchGRPO", "--data.group_size=16", "use 16, 32", True),
-    ("TDMR1", "--model.init_args.guidance_scale=1.0", "use 1.0", True),
+    ("TDMR1", None, None, True),  # the quickstart samples without CFG, as a TDM-R1 generator does
 ]
 
 
@@ -70,9 +70,9 @@ def second_class(config) -> str:
 def test_the_dropped_options_are_named_in_one_line_and_fail_when_typed(checked, capsys):
     config = checked("--model.class_path=flowrl.methods.TDMR1", "--model.init_args.guidance_scale=1.0")
     notice, = [line for line in capsys.readouterr().out.splitlines() if "left out" in line]
-    assert notice.startswith("flowrl: --model.class_path=flowrl.methods.TDMR1 has no option cfg_gradient, loss, "
-                             "loss_options, noise_level, num_inner_epochs, num_minibatches, sde_window, "
-                             "step_kind, timestep_fraction, window_range, which the config sets")
+    assert notice.startswith("flowrl: --model.class_path=flowrl.methods.TDMR1 has no option loss, loss_options, "
+                             "noise_level, num_inner_epochs, num_minibatches, sde_window, step_kind, "
+                             "tail_compress, timestep_fraction, window_range, which the config sets")
     assert "timestep_fraction" not in config.model.init_args
     # typed by the user, the same option is an error, named with every other problem of the command at once
     out = checked("--model.class_path=flowrl.methods.TreeRPO", "--model.init_args.timestep_fraction=0.5",
@@ -90,7 +90,7 @@ def test_options_before_the_switch_carry_over(checked, monkeypatch, switch):
     config = checked("--model.init_args.num_steps=4", "--data.group_size=4", f"--model.class_path={switch}",
                      "--model.init_args.beta=0.01")
     assert (config.model.init_args.num_steps, config.model.init_args.beta, config.data.group_size) == (4, 0.01, 4)
-    assert config.model.init_args.guidance_scale == 4.5  # the config's, kept
+    assert config.model.init_args.eval_num_steps == 10  # the config's, kept
     # a resume with a switch: the same command line with the checkpoint (its reading is not what is tested here)
     monkeypatch.setattr(FlowRLCLI, "_parse_ckpt_path", lambda self: None)
     monkeypatch.setattr(flowrl.cli, "config_problems", lambda config: [])

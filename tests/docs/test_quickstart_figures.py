@@ -28,7 +28,7 @@ def test_readme_and_getting_started_quote_the_kept_runs():
     assert f"from **{f['before']} to {f['after']}** with the default seed ({band}" in started
     for name in ("digit_alignment", "total"):  # the run summary the page shows, 4 decimals as printed
         assert f"val {name}: {f['before4']} -> {f['after4']}" in started
-    assert f"is **{f['before']}** (ODE, 10 steps, CFG 4.5)" in started  # the base model's alignment
+    assert f"is **{f['before']}** (ODE, 10 steps, without CFG" in started  # the quickstart's base model's
 
 
 def test_the_report_is_the_kept_files_arithmetic(tmp_path):
