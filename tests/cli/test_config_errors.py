@@ -120,7 +120,8 @@ def test_switching_the_quickstarts_method_names_what_the_switch_needs_at_once(ca
     out = fails("--config", str(ROOT / "configs/quickstart.yaml"), "--model.class_path=flowrl.methods.TreeRPO")
     assert "  data.group_size=8 is not a multiple of the 16 samples one TreeRPO rollout scores" in out
     assert "LoraOptions" not in out and "timestep_fraction" not in out  # the config's Flow-GRPO option: left out
-    assert "has no option sde_window, timestep_fraction, window_range, which the config sets: left out" in capsys.readouterr().out
+    notice = "has no option sde_window, tail_compress, timestep_fraction, window_range, which the config sets: left out"
+    assert notice in capsys.readouterr().out
 
 
 def test_a_misspelt_key_is_one_line_with_the_nearest_name(capsys):

@@ -56,12 +56,13 @@ def test_predict_writes_the_images_generate_draws_from_the_checkpoint(finetuning
     assert f"-> {out}" in capsys.readouterr().out
 
     prompts, seeds = rows()
-    trained = FlowGRPO(load_policy(ckpt), guidance_scale=4.5)
+    trained = FlowGRPO(load_policy(ckpt), guidance_scale=1.0)  # the quickstart's base samples without CFG
     expected = trained.generation.generate(prompts, seeds, STEPS)
     assert torch.equal(written(out), as_png_pixels(expected))
     from flowrl.policies import TinyFlowPolicy
 
-    base = FlowGRPO(TinyFlowPolicy(lora=None).load(), guidance_scale=4.5).generation.generate(prompts, seeds, STEPS)
+    base = FlowGRPO(TinyFlowPolicy("flowrl/tiny-digits-gd", lora=None).load(), guidance_scale=1.0)
+    base = base.generation.generate(prompts, seeds, STEPS)
     assert not torch.equal(as_png_pixels(base), as_png_pixels(expected))  # the checkpoint's weights were used
 
     with open(out / "scores.csv") as f:
