@@ -22,20 +22,12 @@ from pathlib import Path
 
 import torch
 
+from distill_tiny_few_step import held_out_reward  # scripts/ is on the path of a script run
 from flowrl.data import load_prompts
-from flowrl.methods.base import BaseModule
 from flowrl.model_paths import resolve_model
 from flowrl.policies import TinyFlowPolicy
 from flowrl.rewards import DigitAlignment
 from flowrl.sampling.sampler import sample
-
-
-def held_out_reward(policy, reward, prompts, steps: int, guidance: float, seeds: int) -> float:
-    """Mean reward of ODE samples of every prompt with seeds ``1000 s + i`` for ``s < seeds``."""
-    generate = BaseModule(policy, num_steps=steps, guidance_scale=guidance).generation.generate
-    scores = [reward.score(generate(prompts, torch.arange(len(prompts)) + 1000 * s, steps), prompts, None)
-              for s in range(seeds)]
-    return float(torch.cat(scores).mean())
 
 
 def guidance_loss(policy: TinyFlowPolicy, prompts: list[str], seeds: torch.Tensor, steps: int,
