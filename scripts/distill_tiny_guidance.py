@@ -9,7 +9,9 @@ folder (the teacher's tokenizer, text encoder and scheduler beside the new trans
 
     OMP_NUM_THREADS=1 python scripts/distill_tiny_guidance.py --out flowrl/assets/tiny-digits-gd
 
-It prints the held-out reward of the teacher with CFG and of the student without, on each grid, before and after.
+``--init`` starts the student from an earlier student's folder instead of the teacher (a continued distillation; the
+targets are still the teacher's; the earlier run's record is nested in ``distillation.json``). It prints the held-out
+reward of the teacher with CFG and of the student without, on each grid, before and after.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from diffusers import SD3Transformer2DModel
 
 from distill_tiny_few_step import held_out_reward  # scripts/ is on the path of a script run
 from flowrl.data import load_prompts
@@ -55,6 +58,8 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", default="flowrl/tiny-digits")
     parser.add_argument("--out", default="flowrl/assets/tiny-digits-gd")
+    parser.add_argument("--init", default=None, help="start the student from this student's folder (default: the "
+                        "teacher's weights)")
     parser.add_argument("--guidance", type=float, default=4.5, help="the teacher's CFG scale the student learns")
     parser.add_argument("--grids", type=int, nargs="+", default=[6, 10], help="the step counts trajectories use")
     parser.add_argument("--iterations", type=int, default=600)
@@ -70,6 +75,9 @@ def main(argv=None) -> dict:
     teacher_path = resolve_model(args.teacher)
     policy = TinyFlowPolicy(args.teacher, lora=None).load()
     policy.setup_reference()
+    if args.init:  # the reference (the targets' model) stays the teacher
+        policy.denoiser.load_state_dict(SD3Transformer2DModel.from_pretrained(
+            resolve_model(args.init), subfolder="transformer").state_dict())
     reward = DigitAlignment()
     reward.load("cpu")
     train = load_prompts("configs/prompts/digits_train_large.txt")
@@ -99,8 +107,11 @@ def main(argv=None) -> dict:
         optimizer.step()
         if (it + 1) % 25 == 0:
             print(f"iteration {it + 1}: loss {loss.item():.5f} ({time.time() - started:.0f} s)", flush=True)
-    result.update(iterations=args.iterations, batch_size=args.batch_size, lr=args.lr, grids=args.grids,
-                  guidance=args.guidance, seconds=round(time.time() - started))
+    earlier = Path(resolve_model(args.init)) / "distillation.json" if args.init else None
+    if earlier and earlier.exists():  # the record of the run it continues (and, nested, of those before)
+        result["earlier"] = json.loads(earlier.read_text())
+    result.update(init=args.init, seed=args.seed, iterations=args.iterations, batch_size=args.batch_size, lr=args.lr,
+                  grids=args.grids, guidance=args.guidance, seconds=round(time.time() - started))
     evaluate("after")
     save_folder(policy, teacher_path, Path(args.out))
     (Path(args.out) / "distillation.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -54,6 +54,18 @@ def test_a_few_iterations_close_the_gap_and_write_a_loadable_folder(tmp_path):
     assert {p.name for p in out.iterdir()} >= {"tokenizer", "text_encoder", "scheduler", "transformer"}
 
 
+def test_init_continues_from_an_earlier_student(tmp_path):
+    small = ["--batch_size", "2", "--eval_seeds", "1", "--val_limit", "2", "--grids", "6"]
+    distill.main(["--iterations", "2", "--out", str(tmp_path / "a")] + small)
+    result = distill.main(["--iterations", "0", "--init", str(tmp_path / "a"), "--out", str(tmp_path / "b")] + small)
+    a, b, teacher = (TinyFlowPolicy(str(path), lora=None).load().denoiser.state_dict()
+                     for path in (tmp_path / "a", tmp_path / "b", "flowrl/tiny-digits"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # no iteration: the earlier student unchanged
+    assert not all(torch.equal(a[k], teacher[k]) for k in a)
+    assert result["init"] == str(tmp_path / "a") and result["before_6"] == result["after_6"]
+    assert result["earlier"]["iterations"] == 2  # the record of the run it continued
+
+
 @pytest.mark.parametrize("bad", [["--grids", "0"]])
 def test_bad_grid_is_refused_before_loading(bad, tmp_path):
     with pytest.raises(SystemExit):
