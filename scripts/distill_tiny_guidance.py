@@ -73,16 +73,19 @@ def main(argv=None) -> dict:
         parser.error(f"--grids {args.grids}: every grid needs at least 1 step")
     torch.manual_seed(args.seed)
     teacher_path = resolve_model(args.teacher)
+    init = Path(resolve_model(args.init)) if args.init else None  # a missing folder fails before anything loads
     policy = TinyFlowPolicy(args.teacher, lora=None).load()
     policy.setup_reference()
-    if args.init:  # the reference (the targets' model) stays the teacher
-        policy.denoiser.load_state_dict(SD3Transformer2DModel.from_pretrained(
-            resolve_model(args.init), subfolder="transformer").state_dict())
+    if init:  # the reference (the targets' model) stays the teacher
+        student = SD3Transformer2DModel.from_pretrained(init, subfolder="transformer")
+        policy.denoiser.load_state_dict(student.state_dict())
     reward = DigitAlignment()
     reward.load("cpu")
     train = load_prompts("configs/prompts/digits_train_large.txt")
     val = load_prompts("configs/prompts/digits_val.txt")[:args.val_limit]
     result: dict = {}
+    if init and (init / "distillation.json").exists():  # the record of the run it continues (nested: those before)
+        result["earlier"] = json.loads((init / "distillation.json").read_text())
 
     def evaluate(tag: str) -> None:
         for steps in args.grids:
@@ -107,9 +110,6 @@ def main(argv=None) -> dict:
         optimizer.step()
         if (it + 1) % 25 == 0:
             print(f"iteration {it + 1}: loss {loss.item():.5f} ({time.time() - started:.0f} s)", flush=True)
-    earlier = Path(resolve_model(args.init)) / "distillation.json" if args.init else None
-    if earlier and earlier.exists():  # the record of the run it continues (and, nested, of those before)
-        result["earlier"] = json.loads(earlier.read_text())
     result.update(init=args.init, seed=args.seed, iterations=args.iterations, batch_size=args.batch_size, lr=args.lr,
                   grids=args.grids, guidance=args.guidance, seconds=round(time.time() - started))
     evaluate("after")
