@@ -10,8 +10,10 @@ folder (the teacher's tokenizer, text encoder and scheduler beside the new trans
     OMP_NUM_THREADS=1 python scripts/distill_tiny_guidance.py --out flowrl/assets/tiny-digits-gd
 
 ``--init`` starts the student from an earlier student's folder instead of the teacher (a continued distillation; the
-targets are still the teacher's; the earlier run's record is nested in ``distillation.json``). It prints the held-out
-reward of the teacher with CFG and of the student without, on each grid, before and after.
+targets are still the teacher's; the earlier run's record is nested in ``distillation.json``). ``--layers N`` makes the
+student shallower than the teacher, a cheaper model call: it starts from the teacher's blocks that ``--keep`` names (the
+last block, whose context stream ends the network, always among them). It prints the held-out reward of the teacher
+with CFG and of the student without, on each grid, before and after.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 from diffusers import SD3Transformer2DModel
@@ -46,6 +49,33 @@ def guidance_loss(policy: TinyFlowPolicy, prompts: list[str], seeds: torch.Tenso
     return (v - torch.cat(guided)).square().mean()
 
 
+def kept_blocks(depth: int, layers: int, keep: Optional[list[int]]) -> list[int]:
+    """The teacher's blocks a ``layers``-block student starts from: ``keep``, checked, or the first ``layers - 1``
+    and the last (the teacher's last block must end the list: it alone drops the context stream)."""
+    last = depth - 1
+    keep = list(range(layers - 1)) + [last] if keep is None else keep
+    if len(keep) != layers or keep[-1] != last or sorted(set(keep)) != keep or keep[0] < 0 or layers > depth:
+        raise ValueError(f"--layers {layers} --keep {keep}: {layers} increasing block indices of the teacher's "
+                         f"{depth}, ending with its last block {last} (e.g. --keep {list(range(layers - 1)) + [last]})")
+    return keep
+
+
+def shallow_student(teacher: SD3Transformer2DModel, keep: list[int]) -> SD3Transformer2DModel:
+    """A transformer with the teacher's blocks ``keep`` (see :func:`kept_blocks`) and every other weight of the
+    teacher."""
+    student = SD3Transformer2DModel.from_config({**teacher.config, "num_layers": len(keep)})
+    renamed = {}
+    for name, value in teacher.state_dict().items():
+        if name.startswith("transformer_blocks."):
+            index, rest = name.split(".", 2)[1:]
+            if int(index) not in keep:
+                continue
+            name = f"transformer_blocks.{keep.index(int(index))}.{rest}"
+        renamed[name] = value
+    student.load_state_dict(renamed)  # strict: every student weight comes from the teacher
+    return student
+
+
 def save_folder(policy: TinyFlowPolicy, teacher: Path, out: Path) -> None:
     """The teacher's folder with the student's transformer in place of its own."""
     if out.exists():
@@ -60,6 +90,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="flowrl/assets/tiny-digits-gd")
     parser.add_argument("--init", default=None, help="start the student from this student's folder (default: the "
                         "teacher's weights)")
+    parser.add_argument("--layers", type=int, default=None, help="the student's blocks (default: the teacher's)")
+    parser.add_argument("--keep", type=int, nargs="+", default=None,
+                        help="the teacher's blocks a --layers student starts from (default: the first N-1 and the last)")
     parser.add_argument("--guidance", type=float, default=4.5, help="the teacher's CFG scale the student learns")
     parser.add_argument("--grids", type=int, nargs="+", default=[6, 10], help="the step counts trajectories use")
     parser.add_argument("--iterations", type=int, default=600)
@@ -71,14 +104,24 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if min(args.grids) < 1:
         parser.error(f"--grids {args.grids}: every grid needs at least 1 step")
+    if args.layers is not None and args.init:
+        parser.error("--layers and --init: a continued distillation keeps its student's depth; give one of them")
+    if args.keep is not None and args.layers is None:
+        parser.error(f"--keep {args.keep} without --layers: give --layers {len(args.keep)}")
     torch.manual_seed(args.seed)
     teacher_path = resolve_model(args.teacher)
     init = Path(resolve_model(args.init)) if args.init else None  # a missing folder fails before anything loads
-    policy = TinyFlowPolicy(args.teacher, lora=None).load()
-    policy.setup_reference()
+    policy, keep = TinyFlowPolicy(args.teacher, lora=None), None
+    if args.layers is not None:  # checked on the teacher's config, before its weights load
+        try:
+            keep = kept_blocks(policy.denoiser_config.num_layers, args.layers, args.keep)
+        except ValueError as error:
+            parser.error(str(error))
+    policy.load().setup_reference()
     if init:  # the reference (the targets' model) stays the teacher
-        student = SD3Transformer2DModel.from_pretrained(init, subfolder="transformer")
-        policy.denoiser.load_state_dict(student.state_dict())
+        policy.denoiser = SD3Transformer2DModel.from_pretrained(init, subfolder="transformer")
+    elif keep is not None:
+        policy.denoiser = shallow_student(policy.denoiser, keep)
     reward = DigitAlignment()
     reward.load("cpu")
     train = load_prompts("configs/prompts/digits_train_large.txt")
@@ -110,7 +153,8 @@ def main(argv=None) -> dict:
         optimizer.step()
         if (it + 1) % 25 == 0:
             print(f"iteration {it + 1}: loss {loss.item():.5f} ({time.time() - started:.0f} s)", flush=True)
-    result.update(init=args.init, seed=args.seed, iterations=args.iterations, batch_size=args.batch_size, lr=args.lr,
+    result.update(init=args.init, layers=policy.denoiser.config.num_layers, keep=keep,
+                  seed=args.seed, iterations=args.iterations, batch_size=args.batch_size, lr=args.lr,
                   grids=args.grids, guidance=args.guidance, seconds=round(time.time() - started))
     evaluate("after")
     save_folder(policy, teacher_path, Path(args.out))

@@ -70,3 +70,25 @@ def test_init_continues_from_an_earlier_student(tmp_path):
 def test_bad_grid_is_refused_before_loading(bad, tmp_path):
     with pytest.raises(SystemExit):
         distill.main(bad + ["--out", str(tmp_path / "x")])
+
+
+def test_layers_makes_a_shallower_student_from_the_kept_blocks(tmp_path):
+    small = ["--batch_size", "2", "--eval_seeds", "1", "--val_limit", "2", "--grids", "6", "--iterations", "0"]
+    result = distill.main(["--layers", "3", "--keep", "0", "2", "3", "--out", str(tmp_path / "s")] + small)
+    student = TinyFlowPolicy(str(tmp_path / "s"), lora=None).load().denoiser.state_dict()
+    teacher = TinyFlowPolicy("flowrl/tiny-digits", lora=None).load().denoiser.state_dict()
+    assert (result["layers"], result["keep"]) == (3, [0, 2, 3])
+    moved = {"transformer_blocks.1.": "transformer_blocks.2.", "transformer_blocks.2.": "transformer_blocks.3."}
+    for name, value in student.items():  # block i of the student is block keep[i] of the teacher, the rest as is
+        source = next((name.replace(a, b, 1) for a, b in moved.items() if name.startswith(a)), name)
+        assert torch.equal(value, teacher[source]), name
+    assert len(student) < len(teacher) and not any(k.startswith("transformer_blocks.3.") for k in student)
+
+
+@pytest.mark.parametrize("bad", [["--layers", "3", "--keep", "0", "1", "2"], ["--layers", "5"],
+                                 ["--keep", "0", "3"], ["--layers", "2", "--init", "flowrl/tiny-digits-gd"]])
+def test_a_student_depth_that_cannot_be_made_is_refused_before_loading(bad, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(TinyFlowPolicy, "load", lambda self: pytest.fail("loaded before the check"))
+    with pytest.raises(SystemExit):
+        distill.main(bad + ["--out", str(tmp_path / "x")])
+    assert "--keep" in capsys.readouterr().err or "--init" in bad
