@@ -103,13 +103,14 @@ def seed_table(columns: list[tuple[str, str, object]], seeds: tuple[int, ...], m
 
 def quickstart() -> str:
     """The kept quickstart seeds (``docs/data/quickstart/``) beside the same three seeds at the earlier settings: the
-    90-batch ones on the CFG base (``docs/data/quickstart_cfg90/``), and before those (``docs/data/quickstart_before/``:
+    260-batch ones on the 4-block guidance-distilled base (``docs/data/quickstart_gd260/``), the 90-batch ones on the
+    CFG base (``docs/data/quickstart_cfg90/``), and before those (``docs/data/quickstart_before/``:
     300 batches, ``cfg_gradient: cond``, the SDE on every step) and with ``cfg_gradient: both``
     (``docs/data/quickstart_cfg_both/``)."""
     seeds = lambda q: [load(q / f, s) for s, f in enumerate(("metrics.csv", "metrics_seed1.csv",  # noqa: E731
                                                                "metrics_seed2.csv"))]
-    r, cfg90, before, both = (seeds(DATA / q) for q in ("quickstart", "quickstart_cfg90", "quickstart_before",
-                                                        "quickstart_cfg_both"))
+    r, gd260, cfg90, before, both = (seeds(DATA / q) for q in ("quickstart", "quickstart_gd260", "quickstart_cfg90",
+                                                               "quickstart_before", "quickstart_cfg_both"))
     b, a = [s.before for s in r], [s.after for s in r]
     first, last = (statistics.fmean(e) for e in zip(*map(eighths, r)))
     f3 = lambda v: " / ".join(f"{x:.3f}" for x in v)  # noqa: E731
@@ -130,6 +131,7 @@ def quickstart() -> str:
         ["training reward (the training rollouts' samples of the training prompts, first / last eighth, mean of "
          "seeds 0-2)",
          f3([first]), f3([last]), share(first, last)],
+        earlier("the 6-minute settings before (`flowrl/tiny-digits-gd`, 4 blocks, 16 prompts x 8, no EMA)", gd260),
         earlier("the 5-minute settings on the CFG base before (`flowrl/tiny-digits`, CFG 4.5, the full ODE tail, "
                 "lr 6e-4)", cfg90),
         earlier("the settings before (SDE on every step, first 3 trained, `cfg_gradient: cond`, lr 4e-4)", before),

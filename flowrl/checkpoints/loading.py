@@ -72,9 +72,21 @@ def ema_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
              if key.startswith("EMA") and isinstance(state, dict) and "shadow" in state}
     if len(found) != 1:
         raise ValueError(f"--ema needs the state of exactly one flowrl.callbacks.EMA in the checkpoint, found "
-                         f"{list(found) or 'none'}; train with `- class_path: flowrl.callbacks.EMA` or export without "
-                         "--ema")
+                         f"{list(found) or 'none'}; train with `- class_path: flowrl.callbacks.EMA` or leave --ema "
+                         "out")
     return next(iter(found.values()))
+
+
+def ema_problem(ckpt: str | Path) -> Optional[str]:
+    """Why ``ckpt`` holds no average for ``--ema`` (not exactly one ``flowrl.callbacks.EMA`` state), or None; a file is
+    read memory-mapped (its weights are not read), a sharded checkpoint's folder is checked when it loads."""
+    if is_sharded_checkpoint(ckpt):
+        return None
+    try:
+        ema_weights(torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True))
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def load_policy(ckpt: str | Path, config: Optional[str | Path] = None, ema: bool = False) -> FlowPolicy:

@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flowrl evaluate", allow_abbrev=False, epilog=EPILOG,
                                 description=__doc__.split("::")[0].replace("``", ""))
     p.add_argument("--ckpt_path", nargs="+", default=[], metavar="NAME=PATH", help="tuned models, each named")
+    p.add_argument("--ema", action="store_true", help="each checkpoint's flowrl.callbacks.EMA average instead of its "
+                   "trained weights")
     p.add_argument("--config", help="a fit config: the base model, the trained rewards, the defaults below (default: "
                    "the first checkpoint's run config)")
     p.add_argument("--base_lora", help="LoRA weights the base model carries: a folder, or an embedded flowrl/<name> "

@@ -58,11 +58,25 @@ def option_problems(opts: argparse.Namespace) -> list[str]:
     return problems
 
 
+def ema_problem(source: Source) -> Optional[str]:
+    """Why ``--ema`` cannot use ``source``: a LoRA folder (one set of weights), or a checkpoint without exactly one
+    ``flowrl.callbacks.EMA`` state (:func:`flowrl.checkpoints.loading.ema_problem`: the weights are not read)."""
+    from flowrl.checkpoints.loading import ema_problem as checkpoint_problem
+
+    where = f"--ema: {source.name}={source.path}"
+    if source.kind == "lora":
+        return (f"{where} is a LoRA folder, one set of weights; export the run with `python -m flowrl export --ema` "
+                "and pass that folder, or leave --ema out")
+    return f"{where}: {why}" if (why := checkpoint_problem(source.path)) else None
+
+
 def plan(opts: argparse.Namespace) -> tuple[Optional[Plan], list[str]]:
     """The evaluation of ``opts`` and every problem with it, found without loading weights."""
     problems = option_problems(opts)
     sources, wrong = read_sources(opts.ckpt_path, Path(opts.config).expanduser() if opts.config else None)
     problems += wrong
+    if getattr(opts, "ema", False):
+        problems += [why for source in sources if (why := ema_problem(source))]
     base, base_path = None, opts.config
     if opts.config:
         try:

@@ -62,7 +62,7 @@ def run(opts: argparse.Namespace, found: Plan, out: Optional[Path], command: str
         for path in mark_incomplete(out, command):
             print(f"flowrl evaluate: removed {path} (an earlier evaluation's; its images are redrawn now)", flush=True)
     try:
-        models = load_models(policy_spec(found.base), found.sources, found.base_lora)
+        models = load_models(policy_spec(found.base), found.sources, found.base_lora, opts.ema)
     except ForeignLora as err:  # one line naming both models, not peft's error
         raise SystemExit(f"flowrl evaluate: {err}") from None
     evaluator = Evaluator(models, suite, seeds, found.num_steps, found.guidance_scale, found.prompts_per_batch,

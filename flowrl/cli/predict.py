@@ -36,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", action="append", default=[],
                    help="a fit config (default: the config.yaml saved with --ckpt_path's run); without --ckpt_path "
                         "and --lora: the config's base model")
+    p.add_argument("--ema", action="store_true", help="draw with the flowrl.callbacks.EMA average kept in --ckpt_path "
+                   "(default: the trained weights)")
     p.add_argument("--lora", help="a folder written by `python -m flowrl export` (needs --config, not --ckpt_path)")
     p.add_argument("--prompts", nargs="+", help="prompts (default: the config's validation prompts)")
     p.add_argument("--prompt_file", help="a .txt (one prompt per line) or .jsonl ({\"prompt\": ...}) file")
@@ -78,6 +80,14 @@ def predict_arguments(args: list[str]) -> list[str]:
     if opts.lora and not (Path(opts.lora).expanduser() / "pytorch_lora_weights.safetensors").is_file():
         problems.append(f"--lora {opts.lora}: no pytorch_lora_weights.safetensors there; pass a folder written by "
                         "`python -m flowrl export --ckpt CKPT --out FOLDER`")
+    if opts.ema and ckpt is not None and not checkpoint_problems(opts.ckpt_path):
+        from flowrl.checkpoints.loading import ema_problem  # torch and the policies: only when --ema asks
+
+        if why := ema_problem(ckpt):
+            problems.append(f"--ema: {why}")
+    if opts.ema and not opts.ckpt_path:
+        problems.append("--ema reads the average a fit checkpoint keeps; give --ckpt_path (for an exported LoRA "
+                        "folder: `python -m flowrl export --ema`, then --lora)")
     if opts.prompts and opts.prompt_file:
         problems.append("--prompts and --prompt_file are alternatives; pass one of them")
     if opts.prompt_file and not Path(opts.prompt_file).expanduser().is_file():
@@ -107,6 +117,8 @@ def predict_arguments(args: list[str]) -> list[str]:
         out += ["--model.init_args.guidance_scale", str(opts.guidance_scale)]
     if opts.lora:
         out += ["--trainer.callbacks+=flowrl.callbacks.LoraWeights", f"--trainer.callbacks.folder={opts.lora}"]
+    if opts.ema and ckpt is not None:
+        out += ["--trainer.callbacks+=flowrl.callbacks.EMAWeights", f"--trainer.callbacks.ckpt={ckpt}"]
     if opts.out:
         out += ["--trainer.callbacks+=flowrl.callbacks.ImageWriter", f"--trainer.callbacks.output_dir={opts.out}"]
     if not any(a.split("=")[0] in ("--trainer.devices", "--trainer.num_nodes", "--trainer.strategy") for a in rest):

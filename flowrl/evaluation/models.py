@@ -48,11 +48,14 @@ def build_policy(spec: dict, lora_default: bool = False, load: bool = True) -> F
     return policy_from_spec(spec, load=load)
 
 
-def checkpoint_state(path: Path) -> dict[str, torch.Tensor]:
-    """The ``state_dict`` of a fit checkpoint (a file, or a sharded checkpoint's folder gathered whole)."""
-    from flowrl.checkpoints.loading import read_checkpoint
+def checkpoint_state(path: Path, ema: bool = False) -> dict[str, torch.Tensor]:
+    """The ``state_dict`` of a fit checkpoint (a file, or a sharded checkpoint's folder gathered whole); ``ema``: with
+    the average a ``flowrl.callbacks.EMA`` kept in place of the trained weights it covers."""
+    from flowrl.checkpoints.loading import ema_weights, read_checkpoint
 
-    return read_checkpoint(path)["state_dict"]
+    checkpoint = read_checkpoint(path)
+    state = checkpoint["state_dict"]
+    return {**state, **{k: v.to(state[k].dtype) for k, v in ema_weights(checkpoint).items()}} if ema else state
 
 
 def generator_weights(state: dict[str, torch.Tensor], adapter: str = DEFAULT_ADAPTER) -> dict[str, torch.Tensor]:
@@ -128,8 +131,9 @@ def add_folder(backbone: FlowPolicy, base_spec: dict, adapter: str, folder: Path
         load_adapter(backbone, adapter, str(folder))
 
 
-def add_source(backbone: FlowPolicy, base_spec: dict, source: Source) -> Model:
-    """``source`` as a model: an adapter on ``backbone``, or (full fine-tuning) a policy of its own."""
+def add_source(backbone: FlowPolicy, base_spec: dict, source: Source, ema: bool = False) -> Model:
+    """``source`` as a model: an adapter on ``backbone``, or (full fine-tuning) a policy of its own; ``ema``: a
+    checkpoint's EMA average instead of its trained weights."""
     from flowrl.policies.adapter_weights import set_adapter_state
 
     adapter = ADAPTER_PREFIX + source.name
@@ -137,18 +141,20 @@ def add_source(backbone: FlowPolicy, base_spec: dict, source: Source) -> Model:
         add_folder(backbone, base_spec, adapter, source.path)
     elif (options := lora_options(policy_spec(source.config))) is not None:
         backbone.add_adapter(adapter, options, trainable=False)
-        set_adapter_state(backbone, adapter, generator_weights(checkpoint_state(source.path)),
+        set_adapter_state(backbone, adapter, generator_weights(checkpoint_state(source.path, ema)),
                           f"{source.name}={source.path}")
     else:
         from flowrl.checkpoints.loading import load_policy
 
-        policy = load_policy(source.path, source.config_path).requires_grad_(False).eval()
+        policy = load_policy(source.path, source.config_path, ema).requires_grad_(False).eval()
         return Model(source.name, policy, nullcontext)
     return Model(source.name, backbone, lambda: backbone.adapter(adapter))
 
 
-def load_models(base_spec: dict, sources: list[Source], base_lora: Optional[Path] = None) -> list[Model]:
-    """The base model and every source, in order; the LoRA ones on one backbone built from ``base_spec``.
+def load_models(base_spec: dict, sources: list[Source], base_lora: Optional[Path] = None,
+                ema: bool = False) -> list[Model]:
+    """The base model and every source, in order; the LoRA ones on one backbone built from ``base_spec``; ``ema``:
+    each checkpoint's EMA average instead of its trained weights.
 
     The base is the backbone alone, or the backbone with ``base_lora`` (a distilled few-step generator such as
     ``flowrl/tiny-digits-k4``, where TDM-R1 starts), or with the LoRA the policy's ``lora.init`` starts from.
@@ -171,6 +177,6 @@ def load_models(base_spec: dict, sources: list[Source], base_lora: Optional[Path
         if base_lora is not None:
             add_folder(backbone, base_spec, ADAPTER_PREFIX + BASE, base_lora)
             base = Model(BASE, backbone, lambda: backbone.adapter(ADAPTER_PREFIX + BASE))
-        models = [base, *[add_source(backbone, base_spec, s) for s in sources]]
+        models = [base, *[add_source(backbone, base_spec, s, ema) for s in sources]]
     backbone.requires_grad_(False)  # adding an adapter marks the backbone's flags again; nothing here trains
     return models

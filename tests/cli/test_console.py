@@ -61,10 +61,10 @@ def test_quickstart_first_steps_show_the_run_and_no_warning(console):
     assert warnings == []
     assert [noise for noise in KNOWN_NOISE if noise in console] == []
     assert "Loading weights from local directory" not in console  # huggingface_hub's print for the reward's folder
-    header = console[console.index("flowrl fit: FlowGRPO on TinyFlowPolicy (flowrl/tiny-digits-gd), LoRA rank 32"):]
+    header = console[console.index("flowrl fit: FlowGRPO on TinyFlowPolicy (flowrl/tiny-digits-gd3), LoRA rank 32"):]
     for line in ("rewards:     digit_alignment x 1", "batch:       2 prompts x 4 samples = 8 per batch on 1 process",
                  "run:         2 optimizer steps", f"logs:        {tmp_path}/quickstart/version_0 (TensorBoard, "
-                 "metrics.csv)", "eval mode:   181 modules as loaded"):
+                 "metrics.csv)", "eval mode:   147 modules as loaded"):
         assert line in header.split("steps:")[0], line  # before the progress bar starts
     assert "steps: 100%" in console and "reward/total=" in console
     assert "flowrl run summary" in console

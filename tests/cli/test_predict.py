@@ -61,7 +61,7 @@ def test_predict_writes_the_images_generate_draws_from_the_checkpoint(finetuning
     assert torch.equal(written(out), as_png_pixels(expected))
     from flowrl.policies import TinyFlowPolicy
 
-    base = FlowGRPO(TinyFlowPolicy("flowrl/tiny-digits-gd", lora=None).load(), guidance_scale=1.0)
+    base = FlowGRPO(TinyFlowPolicy("flowrl/tiny-digits-gd3", lora=None).load(), guidance_scale=1.0)
     base = base.generation.generate(prompts, seeds, STEPS)
     assert not torch.equal(as_png_pixels(base), as_png_pixels(expected))  # the checkpoint's weights were used
 
@@ -73,6 +73,34 @@ def test_predict_writes_the_images_generate_draws_from_the_checkpoint(finetuning
                                atol=1e-5, rtol=0)
     grid = Image.open(out / "grid.png")
     assert grid.width == len(SEEDS) * 128  # one column per seed, one prompt per row
+
+
+def test_predict_ema_draws_with_the_average_the_checkpoint_keeps(tmp_path, monkeypatch):
+    # a quickstart checkpoint (its EMA updated once in 2 steps) whose trained LoRA weights are then moved away from the
+    # average, as the last step's weights differ from an average over several: --ema must draw the average
+    monkeypatch.chdir(ROOT)
+    fitted = quickstart_fit(tmp_path / "run", "--model.init_args.optimizer.init_args.lr=0.05")
+    checkpoint = torch.load(fitted, weights_only=False)
+    (key,) = [k for k in checkpoint["callbacks"] if k.startswith("EMA")]
+    for name in checkpoint["callbacks"][key]["shadow"]:
+        checkpoint["state_dict"][name] = checkpoint["state_dict"][name] + 0.05
+    ckpt = fitted.parent / "moved.ckpt"
+    torch.save(checkpoint, ckpt)
+    drawn = {}
+    for ema in (False, True):
+        main(["predict", "--ckpt_path", str(ckpt), "--prompts", *PROMPTS, "--seeds", *map(str, SEEDS), "--num_steps",
+              str(STEPS), "--out", str(tmp_path / f"ema{ema}"), *(["--ema"] if ema else [])])
+        drawn[ema] = written(tmp_path / f"ema{ema}")
+    prompts, seeds = rows()
+    for ema in (False, True):
+        module = FlowGRPO(load_policy(ckpt, ema=ema), guidance_scale=1.0)
+        assert torch.equal(drawn[ema], as_png_pixels(module.generation.generate(prompts, seeds, STEPS))), ema
+    assert not torch.equal(drawn[True], drawn[False])  # the average is not the trained weights
+
+    del checkpoint["callbacks"][key]
+    torch.save(checkpoint, fitted.parent / "no_average.ckpt")
+    with pytest.raises(SystemExit, match="--ema: --ema needs the state of exactly one flowrl.callbacks.EMA"):
+        main(["predict", "--ckpt_path", str(fitted.parent / "no_average.ckpt"), "--prompts", "a", "--ema"])
 
 
 def test_predict_from_an_exported_lora_folder(tmp_path, monkeypatch):
@@ -110,6 +138,8 @@ def test_predict_option_errors_are_reported_together(tmp_path):
         assert expected in message
     with pytest.raises(SystemExit, match="give --ckpt_path"):
         main(["predict", "--prompts", "a"])
+    with pytest.raises(SystemExit, match="--ema reads the average a fit checkpoint keeps; give --ckpt_path"):
+        main(["predict", "--config", str(ROOT / "configs/quickstart.yaml"), "--ema", "--prompts", "a"])
 
 
 def test_predict_prompt_file_that_is_missing_fails_before_loading(tmp_path, monkeypatch):

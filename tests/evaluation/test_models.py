@@ -149,3 +149,54 @@ def test_a_lora_folder_of_another_family_is_named_before_any_weight_loads(tmp_pa
     assert message.startswith(f"flowrl evaluate: the LoRA folder {tmp_path / 'other'} adapts modules the base "
                               "model's denoiser has not (e.g. transformer_blocks.0.attn1."), message
     assert "the base is flowrl.policies.TinyFlowPolicy on " in message and "a LoRA of another model family" in message
+
+
+def with_average(folder: Path, lora: bool) -> tuple[Path, TinyFlowPolicy, TinyFlowPolicy]:
+    """A run's checkpoint whose trained weights and EMA average (in the callback state, as ``flowrl.callbacks.EMA``
+    keeps it) are two different perturbations of the base: the checkpoint, the trained policy, the averaged one."""
+    config = yaml.safe_load((ROOT / "tests/evaluation/fit_brightness.yaml").read_text())
+    if not lora:
+        config["model"]["init_args"]["policy"]["init_args"]["lora"] = None
+    options = LoraOptions(rank=8, alpha=16) if lora else None
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    trained, average = (nudged(TinyFlowPolicy(lora=options).load(), seed, 0.05) for seed in (3, 4))
+    shadow = {f"policy.{n}": p.detach().float() for n, p in average.named_parameters() if p.requires_grad}
+    torch.save({"state_dict": {f"policy.{k}": v for k, v in trained.state_dict().items()},
+                "callbacks": {"EMA{'decay': 0.9, 'every_n_steps': 2}": {"shadow": shadow, "num_updates": 1,
+                                                                       "last_step": 2}}},
+               folder / "checkpoints" / "last.ckpt")
+    return folder / "checkpoints" / "last.ckpt", trained, average
+
+
+def test_ema_evaluates_each_checkpoints_average(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    (full, _, full_avg), (lora, lora_trained, lora_avg) = (with_average(tmp_path / name, name == "lora")
+                                                           for name in ("full", "lora"))
+    suite = tmp_path / "suite.txt"
+    suite.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "report"
+    main(["evaluate", "--ckpt_path", f"full={full}", f"lora={lora}", "--ema", "--suite", str(suite), "--seeds",
+          *map(str, SEEDS), "--num_steps", str(STEPS), "--out", str(out), "--accelerator", "cpu", "--resamples",
+          "200", "--grid_prompts", "1", "--config", str(ROOT / "tests/evaluation/fit_brightness.yaml")])
+    prompts, seeds = [p for p in PROMPTS for _ in SEEDS], torch.tensor(SEEDS * len(PROMPTS))
+    for name, policy in {"full": full_avg, "lora": lora_avg, "trained": lora_trained}.items():
+        images = FlowGRPO(policy, guidance_scale=4.5).generation.generate(prompts, seeds, STEPS)
+        images = (images.clamp(0, 1) * 255).round().to(torch.uint8)
+        files = [out / "images" / (name if name != "trained" else "lora") / image_name(i // len(SEEDS), p, s)
+                 for i, (p, s) in enumerate(zip(prompts, seeds.tolist()))]
+        written = torch.stack([torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1) for f in files])
+        assert torch.equal(written, images) == (name != "trained"), name  # the average, not the trained weights
+
+
+def test_ema_without_an_average_or_on_a_lora_folder_is_named_before_any_weight_loads(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    ckpt = full_run(tmp_path / "full")  # no EMA state
+    exported(tmp_path / "lora")
+    monkeypatch.setattr(TinyFlowPolicy, "load", lambda self: pytest.fail("a weight loaded before the check"))
+    with pytest.raises(SystemExit) as err:
+        main(["evaluate", "--ckpt_path", f"full={ckpt}", f"lora={tmp_path / 'lora'}", "--ema", "--suite",
+              str(ROOT / "configs/prompts/digits_val.txt")])
+    message = str(err.value)
+    assert f"--ema: full={ckpt}: --ema needs the state of exactly one flowrl.callbacks.EMA" in message
+    assert f"--ema: lora={tmp_path / 'lora'} is a LoRA folder" in message

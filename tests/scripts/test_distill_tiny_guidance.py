@@ -1,5 +1,5 @@
-"""``scripts/distill_tiny_guidance.py`` and the guidance-distilled base it made, ``flowrl/tiny-digits-gd``: one
-conditional pass must stand in for the teacher's CFG pair (what the quickstart samples with)."""
+"""``scripts/distill_tiny_guidance.py`` and the guidance-distilled bases it made, ``flowrl/tiny-digits-gd`` and the
+quickstart's 3-block ``flowrl/tiny-digits-gd3``: one conditional pass must stand in for the teacher's CFG pair."""
 
 import json
 import sys
@@ -33,13 +33,15 @@ def guided_gap(student: TinyFlowPolicy, teacher: TinyFlowPolicy, steps: int = 6)
     return gap[0], gap[1]
 
 
-def test_the_shipped_base_samples_without_cfg_close_to_the_teacher_with_it():
+@pytest.mark.parametrize("base", ["tiny-digits-gd", "tiny-digits-gd3"])  # 4 blocks; 3 blocks, the quickstart's
+def test_the_shipped_base_samples_without_cfg_close_to_the_teacher_with_it(base):
     teacher = TinyFlowPolicy("flowrl/tiny-digits", lora=None).load()
-    student = TinyFlowPolicy("flowrl/tiny-digits-gd", lora=None).load()
+    student = TinyFlowPolicy(f"flowrl/{base}", lora=None).load()
     mine, unguided = guided_gap(student, teacher)
     assert mine < 0.25 * unguided, (mine, unguided)
-    record = json.loads((ROOT / "flowrl/assets/tiny-digits-gd/distillation.json").read_text())
+    record = json.loads((ROOT / f"flowrl/assets/{base}/distillation.json").read_text())
     assert record["after_10"] > 2 * record["before_10"]  # without CFG: the student against the teacher
+    assert student.denoiser.config.num_layers == record.get("layers", 4)
 
 
 def test_a_few_iterations_close_the_gap_and_write_a_loadable_folder(tmp_path):
