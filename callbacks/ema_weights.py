@@ -27,9 +27,10 @@ class EMAWeights(Callback):
         self.average: dict[str, torch.Tensor] = {}
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        from flowrl.checkpoints.loading import ema_weights, read_checkpoint
+        from flowrl.checkpoints.loading import checkpoint_average
 
-        self.average = ema_weights(read_checkpoint(self.ckpt))  # names as in the module's state_dict
+        # memory-mapped: Lightning reads the whole checkpoint for the trained weights anyway; names as in state_dict
+        self.average = checkpoint_average(self.ckpt)
 
     @torch.no_grad()
     def _apply(self, pl_module) -> None:

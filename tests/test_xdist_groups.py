@@ -1,7 +1,7 @@
 """pytest-xdist's ``--dist loadgroup`` keeps each ``xdist_group`` on one worker only while the group's suffix reaches
-the test's id; ``tests/conftest.py`` refuses a run where it does not (pytest 9.2 with pytest-xdist 3.8 dropped it
-silently, and CI built every group's fixture twice); the run's own groups are checked here, so such a pairing fails
-the suite instead of only slowing it."""
+the test's id (pytest 9.2 with pytest-xdist 3.8 dropped it silently, and CI built every group's fixture twice): the
+run's own groups are checked here (``tests.conftest.untagged_groups``), so such a pairing fails the suite instead of
+only slowing it."""
 
 import pytest
 

@@ -77,13 +77,21 @@ def ema_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
     return next(iter(found.values()))
 
 
+def checkpoint_average(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    """:func:`ema_weights` of the fit checkpoint ``ckpt``: a file read memory-mapped (only the average's bytes are
+    read, not the trained weights beside it), a sharded checkpoint's folder gathered whole."""
+    if is_sharded_checkpoint(ckpt):
+        return ema_weights(load_consolidated(Path(ckpt)))
+    return ema_weights(torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True))
+
+
 def ema_problem(ckpt: str | Path) -> Optional[str]:
-    """Why ``ckpt`` holds no average for ``--ema`` (not exactly one ``flowrl.callbacks.EMA`` state), or None; a file is
-    read memory-mapped (its weights are not read), a sharded checkpoint's folder is checked when it loads."""
+    """Why ``ckpt`` holds no average for ``--ema`` (not exactly one ``flowrl.callbacks.EMA`` state), or None; a
+    sharded checkpoint's folder is checked when it loads (gathering it here would read every shard)."""
     if is_sharded_checkpoint(ckpt):
         return None
     try:
-        ema_weights(torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True))
+        checkpoint_average(ckpt)
     except ValueError as err:
         return str(err)
     return None

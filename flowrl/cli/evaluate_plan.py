@@ -75,7 +75,7 @@ def plan(opts: argparse.Namespace) -> tuple[Optional[Plan], list[str]]:
     problems = option_problems(opts)
     sources, wrong = read_sources(opts.ckpt_path, Path(opts.config).expanduser() if opts.config else None)
     problems += wrong
-    if getattr(opts, "ema", False):
+    if opts.ema:
         problems += [why for source in sources if (why := ema_problem(source))]
     base, base_path = None, opts.config
     if opts.config:
